@@ -1,0 +1,151 @@
+"""The `streamrft` command. Thin: parse arguments and config first, import heavy modules late.
+
+`streamrft --help`, `up`, `down`, `status` and `schema` never import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _stack_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default=None, help="where the embedded stack keeps data, logs and PIDs "
+                   "(default: the config's stack.data_dir, else .streamrft/stack)")
+    p.add_argument("--config", default=None, help="a run config; its kafka/s3/stack sections are used")
+    p.add_argument("--kafka-port", type=int, default=None)
+    p.add_argument("--s3-port", type=int, default=None)
+    p.add_argument("--weed-port-base", type=int, default=None, help="first of SeaweedFS's internal ports")
+
+
+def _endpoints(args):
+    """(StackConfig, KafkaConfig, S3Config) from --config and the flags; flags win."""
+    from streamrft.config import KafkaConfig, S3Config, StackConfig, load_config
+
+    if args.config:
+        cfg = load_config(args.config, getattr(args, "overrides", []))
+        stack, kafka, s3 = cfg.stack, cfg.kafka, cfg.s3
+    else:
+        stack, kafka, s3 = StackConfig(), KafkaConfig(), S3Config()
+    for flag, attr in (("data_dir", "data_dir"), ("kafka_port", "kafka_port"), ("s3_port", "s3_port"),
+                       ("weed_port_base", "weed_port_base")):
+        if getattr(args, flag, None) is not None:
+            setattr(stack, attr, getattr(args, flag))
+    return stack, kafka, s3
+
+
+def embedded_stack(stack, s3):
+    from streamrft.infra.stack import EmbeddedStack
+
+    return EmbeddedStack(stack.data_dir, stack.host, stack.kafka_port, stack.s3_port, stack.weed_port_base,
+                         buckets=(s3.bucket,))
+
+
+def resolve_clients(stack, kafka, s3):
+    """Point kafka/s3 at the embedded stack recorded under the data dir, when there is one."""
+    from streamrft.infra.stack import S3_KEY
+
+    if not stack.embedded:
+        return kafka, s3
+    state = embedded_stack(stack, s3).load_state()
+    if state is not None:
+        kafka = kafka.model_copy(update={"bootstrap": state.kafka})
+        s3 = s3.model_copy(update={"endpoint": state.s3, "access_key": S3_KEY, "secret_key": S3_KEY, "secure": False})
+    return kafka, s3
+
+
+def cmd_up(args) -> int:
+    stack, kafka, s3 = _endpoints(args)
+    if not stack.embedded:
+        print("config says stack.embedded: false — nothing to start; roles use the external "
+              f"kafka {kafka.bootstrap} and s3 {s3.endpoint}")
+        return 0
+    es = embedded_stack(stack, s3)
+    before = es.running()
+    state = es.up()
+    already = before and all(before.values())
+    print(("stack already running" if already else "stack up") + f" (data dir {es.data_dir})")
+    print(f"kafka {state.kafka}")
+    print(f"s3    http://{state.s3}  buckets: {', '.join(state.buckets)}")
+    for name, p in state.procs.items():
+        print(f"pid   {name}={p.pid}  log {p.log}")
+    return 0
+
+
+def cmd_down(args) -> int:
+    stack, _, s3 = _endpoints(args)
+    es = embedded_stack(stack, s3)
+    stopped = es.down()
+    print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing running under {es.data_dir}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from streamrft.infra import status
+
+    stack, kafka, s3 = _endpoints(args)
+    running = embedded_stack(stack, s3).running() if stack.embedded else {}
+    kafka, s3 = resolve_clients(stack, kafka, s3)
+    if stack.embedded:
+        procs = ", ".join(f"{k}={'up' if v else 'DOWN'}" for k, v in running.items()) or "not started"
+        print(f"embedded stack ({stack.data_dir}): {procs}")
+    buckets = [s3.bucket, "tansu"] if stack.embedded else [s3.bucket]
+    st = status.collect(kafka, s3, buckets)
+    print(status.render(st))
+    return 0 if st.kafka_ok and st.s3_ok else 1
+
+
+def cmd_schema(args) -> int:
+    from streamrft.schemas import MESSAGES, json_schema
+
+    if args.name:
+        print(json.dumps(json_schema(args.name), indent=2))
+    else:
+        print(json.dumps({name: json_schema(name) for name in MESSAGES}, indent=2))
+    return 0
+
+
+def cmd_roundtrip(args) -> int:
+    from streamrft.infra.roundtrip import roundtrip
+
+    stack, kafka, s3 = _endpoints(args)
+    return roundtrip(stack, kafka, s3, keep_up=args.keep_up)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamrft", description="Reinforcement fine-tuning on Kafka and S3.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start the embedded Kafka broker and S3 server (idempotent)")
+    _stack_args(p)
+    p.set_defaults(fn=cmd_up)
+    p = sub.add_parser("down", help="stop exactly what `up` started")
+    _stack_args(p)
+    p.set_defaults(fn=cmd_down)
+    p = sub.add_parser("status", help="health, topics and end offsets, consumer lag, buckets")
+    _stack_args(p)
+    p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("schema", help="print the JSON Schema of a message (all when no name)")
+    p.add_argument("name", nargs="?", help="task, trajectory, rollout_group, experience_group, "
+                   "weight_version, metric, dead_letter")
+    p.set_defaults(fn=cmd_schema)
+    p = sub.add_parser("roundtrip", help="stack up, produce/consume and weight publish/fetch, stack down")
+    _stack_args(p)
+    p.add_argument("--keep-up", action="store_true", help="leave the stack running afterwards")
+    p.set_defaults(fn=cmd_roundtrip)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from streamrft.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args) or 0
+    except ConfigError as e:
+        print(f"streamrft: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

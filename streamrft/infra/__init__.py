@@ -1,0 +1,1 @@
+"""Plumbing: the embedded stack, Kafka clients and admin, the object store, health checks."""

