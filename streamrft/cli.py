@@ -112,6 +112,61 @@ def cmd_roundtrip(args) -> int:
     return roundtrip(stack, kafka, s3, keep_up=args.keep_up)
 
 
+def _role_config(args):
+    from streamrft.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if cfg.stack.embedded:
+        # a role started alone joins the embedded stack recorded under the data dir
+        cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+    return cfg
+
+
+def _logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def cmd_run(args) -> int:
+    from streamrft.launch.run import run
+
+    return run(args.config, args.overrides)
+
+
+def cmd_explore(args) -> int:
+    _logging()
+    from streamrft.producers.explorer import run_explorer
+
+    return run_explorer(_role_config(args), args.index)
+
+
+def cmd_train(args) -> int:
+    _logging()
+    from streamrft.config import OFFLINE_TYPES
+
+    cfg = _role_config(args)
+    if cfg.algorithm.type in OFFLINE_TYPES:
+        from streamrft.consumers.offline import run_offline
+
+        return run_offline(cfg)
+    from streamrft.consumers.trainer import run_trainer
+
+    return run_trainer(cfg)
+
+
+def cmd_score(args) -> int:
+    _logging()
+    from streamrft.stream_ops.cli_entry import cmd_score as score
+
+    return score(args)
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-6")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamrft", description="Reinforcement fine-tuning on Kafka and S3.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
     _stack_args(p)
     p.add_argument("--keep-up", action="store_true", help="leave the stack running afterwards")
     p.set_defaults(fn=cmd_roundtrip)
+    p = sub.add_parser("run", help="a whole run: stack, explorers, stream ops, trainer, progress")
+    _config_args(p)
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("explore", help="run one explorer")
+    _config_args(p)
+    p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
+    p.set_defaults(fn=cmd_explore)
+    p = sub.add_parser("score", help="run one stream-ops worker (validate, score, advantages)")
+    _config_args(p)
+    p.set_defaults(fn=cmd_score)
+    p = sub.add_parser("train", help="run the trainer (online RL, or offline sft/dpo/kto)")
+    _config_args(p)
+    p.set_defaults(fn=cmd_train)
     return parser
 
 

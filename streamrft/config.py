@@ -78,13 +78,15 @@ class StackConfig(Section):
 
 
 class TinyModelSpec(Section):
-    """A small Qwen2 built locally when `model.path` does not exist yet (demos and tests)."""
+    """A small Qwen2 built locally when `model.path` does not exist yet (demos and tests), with a
+    char-level tokenizer over the synthetic task's alphabet."""
 
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int | None = None
+    intermediate_size: int | None = None
+    max_positions: int = 128
     seed: int = 0
 
 
@@ -139,6 +141,9 @@ class ExplorerConfig(Section):
     torch_threads: int = 1
     max_groups: int | None = None
     """Stop after publishing this many groups (None = until the run ends)."""
+    admission_wait_s: float = 5.0
+    """Waited this long for a new version while the current one is still fresh: start more groups
+    anyway (the trainer still needs data, e.g. after zero-variance groups were filtered)."""
 
 
 class RewardTerm(Section):

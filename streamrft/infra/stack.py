@@ -76,13 +76,35 @@ def pid_alive(pid: int, binary: str | None = None) -> bool:
         return False
     if stat.rsplit(")", 1)[1].split()[0] == "Z":
         return False
-    return binary is None or os.path.basename(binary) in cmdline
+    # cmdline is empty for a moment right after exec, when Popen has already returned: that
+    # process is the one we started (up() used to take it for dead, and down() leaked it)
+    return binary is None or not cmdline or os.path.basename(binary) in cmdline
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         return s.connect_ex((host, port)) == 0
+
+
+def free_ports(host: str = "127.0.0.1") -> dict[str, int]:
+    """Ports for a private stack (tests, benchmarks): kafka, s3 and a free block of 9 for weed."""
+    import random
+
+    def free(port: int) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                return True
+            except OSError:
+                return False
+
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20000, 60000, 16)
+        block = list(range(base, base + 11))
+        if all(free(p) for p in block):
+            return {"kafka_port": base + 9, "s3_port": base + 10, "weed_port_base": base}
 
 
 class EmbeddedStack:

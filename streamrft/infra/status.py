@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from confluent_kafka.admin import ConsumerGroupTopicPartitions
+from confluent_kafka import ConsumerGroupTopicPartitions
 
 from streamrft.config import KafkaConfig, S3Config
 from streamrft.infra.kafka import make_admin, partition_ends

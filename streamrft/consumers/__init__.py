@@ -1,0 +1,1 @@
+"""The trainer role: consume experiences, train off-policy, publish weight versions."""

@@ -1,0 +1,58 @@
+"""Which delivered trajectories the trainer may train on: never twice, never too stale.
+
+`SeenWindow` remembers the ids already trained on, with their model version; ids older than
+`version - max_staleness` can be forgotten because the staleness rule drops them anyway. It is
+saved inside every checkpoint, so re-delivery after any crash is harmless. Pure, unit-tested.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def staleness(trainer_version: int, model_version: int) -> int:
+    return trainer_version - model_version
+
+
+def is_fresh(trainer_version: int, model_version: int, max_staleness: int) -> bool:
+    return 0 <= staleness(trainer_version, model_version) <= max_staleness
+
+
+@dataclass
+class SeenWindow:
+    ids: dict[str, int] = field(default_factory=dict)  # traj_id -> model_version
+
+    def __contains__(self, traj_id: str) -> bool:
+        return traj_id in self.ids
+
+    def add(self, traj_id: str, model_version: int) -> None:
+        self.ids[traj_id] = model_version
+
+    def prune(self, trainer_version: int, max_staleness: int) -> None:
+        oldest = trainer_version - max_staleness
+        self.ids = {k: v for k, v in self.ids.items() if v >= oldest}
+
+
+@dataclass
+class Counts:
+    trained: int = 0
+    stale: int = 0
+    duplicate: int = 0
+    dead_lettered: int = 0
+    groups_trained: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def admit_trajectories(trajs, trainer_version: int, max_staleness: int, seen: SeenWindow, counts: Counts) -> list[int]:
+    """Indices of `trajs` to train on now; counts the rest as stale or duplicate."""
+    keep, batch_ids = [], set()
+    for i, t in enumerate(trajs):
+        if t.traj_id in seen or t.traj_id in batch_ids:
+            counts.duplicate += 1
+        elif not is_fresh(trainer_version, t.model_version, max_staleness):
+            counts.stale += 1
+        else:
+            keep.append(i)
+            batch_ids.add(t.traj_id)
+    return keep

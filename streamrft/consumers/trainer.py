@@ -1,0 +1,229 @@
+"""The trainer role: experiences in, weight versions out, exactly-once in effect.
+
+Run with `streamrft train CONFIG`. Each step takes `batch_groups` groups off the experiences
+topic, drops trajectories already trained on (id window) or staler than `max_staleness`, and
+applies the configured policy objective with old log-probs = the explorers' behaviour log-probs.
+Every `sync_interval` steps, in this order: publish version N+1 to S3 (manifest last), write
+the checkpoint (weights, optimiser, next offsets, id window), announce on the weights topic,
+commit offsets. On restart it seeks to the checkpoint's offsets, so nothing is lost or retrained.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+from confluent_kafka import TopicPartition
+
+from streamrft.config import RunConfig
+from streamrft.consumers import checkpoint
+from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories
+from streamrft.consumers.batch import Batch, collate, token_logprobs
+from streamrft.infra.kafka import flush_or_raise, make_consumer, make_producer
+from streamrft.infra.objectstore import WeightStore
+from streamrft.schemas import DeadLetter, DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
+
+log = logging.getLogger(__name__)
+
+
+class Objective:
+    """The config's algorithm, resolved once: a callable per micro-batch."""
+
+    def __init__(self, cfg: RunConfig):
+        from streamrft.engine.algorithms import KL_ESTIMATORS, POLICY_LOSSES, PRESETS, resolve
+
+        algo = cfg.algorithm
+        preset = PRESETS[algo.type]
+        self.loss_name = algo.policy_loss.type or preset["policy_loss"]
+        if self.loss_name not in POLICY_LOSSES and algo.policy_loss.import_path is None:
+            raise ValueError(f"algorithm.type={algo.type!r} is trained offline (streamrft train with an offline "
+                             f"data source), not by the online trainer")
+        self.loss_fn = resolve(POLICY_LOSSES, self.loss_name, algo.policy_loss.import_path)
+        self.loss_params = dict(algo.policy_loss.params)
+        self.agg_mode = algo.aggregation or preset["aggregation"]
+        self.kl_coef = algo.kl.coef if algo.kl.mode == "loss" else 0.0
+        self.kl_fn = KL_ESTIMATORS[algo.kl.estimator] if self.kl_coef else None
+        self.entropy_coef = algo.entropy_coef
+        self.norm_len = cfg.explorer.sampling.max_new_tokens
+
+    def __call__(self, logp, batch: Batch, ref_logp, entropy, global_tokens, global_seqs):
+        from streamrft.engine.algorithms import policy_objective
+
+        params = dict(self.loss_params)
+        if self.loss_name == "decoupled_ppo":
+            params["prox_logprobs"] = logp.detach()  # one update per batch: proximal = current policy
+        return policy_objective(logp, batch.old_logprobs, batch.advantages, batch.mask, ref_logp, entropy,
+                                loss_fn=self.loss_fn, loss_params=params, kl_fn=self.kl_fn, kl_coef=self.kl_coef,
+                                entropy_coef=self.entropy_coef, agg_mode=self.agg_mode, global_tokens=global_tokens,
+                                global_seqs=global_seqs, norm_len=self.norm_len)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, stop: threading.Event | None = None):
+        from streamrft.engine.models import load_policy
+        from streamrft.engine.training import make_train_engine
+
+        torch.manual_seed(cfg.trainer.seed)
+        torch.set_num_threads(cfg.trainer.torch_threads)
+        self.cfg, self.tc = cfg, cfg.trainer
+        self.stop = stop or threading.Event()
+        self.id = f"trainer-{os.getpid()}"
+        self.ckpt_dir = Path(self.tc.checkpoint_dir or Path(cfg.output_dir) / "trainer")
+        found = checkpoint.latest(self.ckpt_dir)
+        self.model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+        self.engine = make_train_engine(self.tc, self.model)
+        self.state = checkpoint.TrainerState()
+        if found is not None:
+            self.engine.load(found[0])
+            self.state = found[1]
+            log.info("resumed from %s at version %d", found[0], self.state.version)
+        self.resumed = found is not None
+        self.seen = SeenWindow(dict(self.state.seen))
+        self.counts = Counts(**self.state.counts)
+        self.ref_model = None
+        self.objective = Objective(cfg)
+        if self.objective.kl_fn is not None:
+            self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+            self.ref_model.eval().requires_grad_(False)
+        ns = cfg.namespace
+        self.topic = topic_name(ns, "experiences")
+        self.store = WeightStore(cfg.s3)
+        self.producer = make_producer(cfg.kafka)
+        self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+        self.pending: list = []
+        self.next_offsets = dict(self.state.offsets)
+
+    def _on_assign(self, consumer, partitions):
+        # the checkpoint, not the group's committed offset, is the authority on where to resume
+        for tp in partitions:
+            key = f"{tp.topic}:{tp.partition}"
+            if key in self.next_offsets:
+                tp.offset = self.next_offsets[key]
+        consumer.assign(partitions)
+
+    # ---- data -----------------------------------------------------------------------------
+    def _dead_letter(self, msg, err: Exception) -> None:
+        dl = DeadLetter(reason=str(err), error_type=type(err).__name__, source_topic=msg.topic(),
+                        source_partition=msg.partition(), source_offset=msg.offset(), role="trainer",
+                        key=msg.key(), value=msg.value() or b"")
+        self.producer.produce(topic_name(self.cfg.namespace, "dlq"), key=msg.key(), value=encode(dl))
+        self.counts.dead_lettered += 1
+
+    def collect(self) -> list[tuple] | None:
+        """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped."""
+        samples, groups = [], 0
+        while groups < self.tc.batch_groups:
+            if self.stop.is_set():
+                return None
+            if not self.pending:
+                self.pending = [m for m in self.consumer.consume(64, timeout=0.5) if m.error() is None]
+                continue
+            msg = self.pending.pop(0)
+            self.next_offsets[f"{msg.topic()}:{msg.partition()}"] = msg.offset() + 1
+            try:
+                eg = decode(msg.value(), ExperienceGroup)
+            except DecodeError as e:
+                self._dead_letter(msg, e)
+                continue
+            keep = admit_trajectories(eg.trajectories, self.state.version, self.tc.max_staleness, self.seen, self.counts)
+            if keep:
+                groups += 1
+                samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
+        return samples
+
+    # ---- one optimiser step ----------------------------------------------------------------
+    def train_step(self, samples: list[tuple]) -> dict[str, float]:
+        batch = collate(samples, self.tokenizer.pad_token_id)
+        temperature = self.cfg.explorer.sampling.temperature or 1.0
+        global_tokens, global_seqs = batch.mask.sum(), float(len(batch))
+        metrics: dict[str, float] = {}
+        self.model.train()
+        mb = self.tc.micro_batch_size
+        for start in range(0, len(batch), mb):
+            part = batch.slice(start, start + mb)
+            logp, entropy = token_logprobs(self.model, part, temperature, with_entropy=self.objective.entropy_coef != 0)
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.ref_model, part, temperature)
+            loss, m = self.objective(logp, part, ref, entropy, global_tokens, global_seqs)
+            self.engine.backward(loss)
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k in ("loss", "policy_loss") else len(part) / len(batch))
+        metrics["grad_norm"] = self.engine.step()
+        staleness = [self.state.version - t.model_version for t, _, _ in samples]
+        metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
+                       staleness_max=float(max(staleness)), samples=float(len(batch)),
+                       response_len=float(batch.mask.sum() / len(batch)))
+        return metrics
+
+    # ---- versions ----------------------------------------------------------------------------
+    def publish(self) -> None:
+        from streamrft.engine.weights import publish_state_dict
+
+        v = self.state.version
+        manifest = publish_state_dict(self.store, self.cfg.model.name, v, self.engine.publishable_state_dict(),
+                                      meta={"step": self.state.step})
+        self.seen.prune(v, self.tc.max_staleness)
+        self.state.seen, self.state.offsets, self.state.counts = dict(self.seen.ids), dict(self.next_offsets), self.counts.as_dict()
+        checkpoint.save(self.ckpt_dir, self.state, self.engine.save)
+        self.announce(manifest.sha256)
+        if self.next_offsets:
+            offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        self.store.gc(self.cfg.model.name, self.tc.keep_versions)
+
+    def announce(self, manifest_sha: str = "") -> None:
+        wv = WeightVersion(model=self.cfg.model.name, version=self.state.version, bucket=self.store.bucket,
+                           prefix=self.store.prefix(self.cfg.model.name, self.state.version),
+                           manifest_sha256=manifest_sha, step=self.state.step)
+        self.producer.produce(topic_name(self.cfg.namespace, "weights"), key=self.cfg.model.name.encode(), value=encode(wv))
+        flush_or_raise(self.producer)
+
+    def metric(self, values: dict[str, float]) -> None:
+        m = Metric(role="trainer", role_id=self.id, step=self.state.step, values=values)
+        self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
+
+    def run(self) -> dict:
+        self.store.ensure_bucket()
+        if not self.resumed:
+            self.publish()  # version 0 = the initial weights, so every explorer can verify what it runs
+        else:
+            self.announce()
+        while self.state.step < self.tc.max_steps and not self.stop.is_set():
+            t0 = time.monotonic()
+            samples = self.collect()
+            if samples is None:
+                break
+            t1 = time.monotonic()
+            metrics = self.train_step(samples)
+            for t, _, _ in samples:
+                self.seen.add(t.traj_id, t.model_version)
+            self.counts.trained += len(samples)
+            self.counts.groups_trained += self.tc.batch_groups
+            self.state.step += 1
+            if self.state.step % self.tc.sync_interval == 0:
+                self.state.version += 1
+                self.publish()
+            metrics.update(version=self.state.version, wait_s=t1 - t0, step_s=time.monotonic() - t1,
+                           **{f"count_{k}": v for k, v in self.counts.as_dict().items()})
+            self.metric(metrics)
+            log.info("step %d v%d loss %.4f reward %.3f", self.state.step, self.state.version,
+                     metrics.get("loss", 0.0), metrics["reward_mean"])
+        flush_or_raise(self.producer)
+        self.consumer.close()
+        return {"version": self.state.version, "step": self.state.step, **self.counts.as_dict()}
+
+
+def run_trainer(cfg: RunConfig) -> int:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    result = Trainer(cfg, stop).run()
+    print(f"trainer done: {result}", flush=True)
+    return 0

@@ -1,0 +1,89 @@
+"""Before a run starts: synthetic data, a locally built model, warm-up stages. Idempotent.
+
+Returns the config the roles will run with: `data.train/eval` pointing at the generated files and
+`model.path` at the last stage's output (the RL loop's version 0).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streamrft.config import RunConfig, StageConfig
+
+
+def _synthetic_rows(spec: dict, split: str, n: int) -> list[dict]:
+    from streamrft.producers.synthetic import make_demo_tasks
+
+    task = spec.get("task", "reverse")
+    if task != "reverse":
+        raise ValueError(f"data.synthetic.task={task!r} is not one of ['reverse']")
+    lens = {k: spec[k] for k in ("min_len", "max_len", "letters") if k in spec}
+    return make_demo_tasks(n, seed=spec.get("seed", 0), split=split, **lens)
+
+
+def prepare_data(cfg: RunConfig, out: Path) -> None:
+    from streamrft.producers.synthetic import write_jsonl
+
+    spec = cfg.data.synthetic
+    if not spec:
+        return
+    for split, attr, size in (("train", "train", spec.get("train_size", 2000)), ("eval", "eval", spec.get("eval_size", 100))):
+        path = Path(getattr(cfg.data, attr) or out / "data" / f"{split}.jsonl")
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_jsonl(_synthetic_rows(spec, split, size), path)
+        setattr(cfg.data, attr, str(path))
+
+
+def prepare_model(cfg: RunConfig) -> None:
+    from streamrft.engine.models import build_char_tokenizer, build_tiny_model
+    from streamrft.producers.synthetic import ALPHABET
+
+    path = Path(cfg.model.path)
+    if (path / "config.json").exists():
+        return
+    if cfg.model.build is None:
+        raise FileNotFoundError(f"model.path {path} has no model and model.build is not set")
+    tok = build_char_tokenizer(ALPHABET)
+    build_tiny_model(path, tok, **cfg.model.build.model_dump())
+
+
+def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
+    data = stage.data
+    if "path" in data:
+        rows = [json.loads(line) for line in Path(data["path"]).read_text().splitlines() if line.strip()]
+        return [(r["prompt"], r["completion"]) for r in rows]
+    spec = {**(cfg.data.synthetic or {}), **data.get("synthetic", {})}
+    return [(r["prompt"], r["answer"]) for r in _synthetic_rows(spec, "train", data.get("size", 500))]
+
+
+def run_stages(cfg: RunConfig, out: Path) -> None:
+    import torch
+
+    from streamrft.engine.models import load_policy
+    from streamrft.engine.sft import sft_warmup
+
+    for i, stage in enumerate(cfg.stages):
+        dest = out / f"stage-{i}-{stage.type}"
+        if not (dest / "config.json").exists():
+            model, tok = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+            torch.manual_seed(cfg.trainer.seed)
+            losses = sft_warmup(model, tok, _stage_pairs(stage, cfg), steps=stage.steps, batch_size=stage.batch_size,
+                                lr=stage.lr, seed=cfg.trainer.seed)
+            print(f"stage {i} ({stage.type}): {stage.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+            model.save_pretrained(dest)
+            tok.save_pretrained(dest)
+        cfg.model.path = str(dest)
+
+
+def prepare(cfg: RunConfig) -> RunConfig:
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prepare_data(cfg, out)
+    prepare_model(cfg)
+    run_stages(cfg, out)
+    # absolute paths: the roles may run with another working directory (faust does)
+    cfg.model.path = str(Path(cfg.model.path).resolve())
+    cfg.data.train = cfg.data.train and str(Path(cfg.data.train).resolve())
+    cfg.data.eval = cfg.data.eval and str(Path(cfg.data.eval).resolve())
+    return cfg

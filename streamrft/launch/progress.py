@@ -1,0 +1,71 @@
+"""The live view of a run: reads the metrics topic, keeps the latest figures, logs TensorBoard."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import TopicPartition
+
+from streamrft.config import KafkaConfig
+from streamrft.infra.kafka import make_consumer
+from streamrft.schemas import DecodeError, Metric, decode, topic_name
+
+
+@dataclass
+class RunView:
+    t0: float = field(default_factory=time.monotonic)
+    trainer: dict[str, float] = field(default_factory=dict)
+    explorers: dict[str, dict[str, float]] = field(default_factory=dict)
+    stream_ops: dict[str, dict[str, float]] = field(default_factory=dict)
+    evals: list[tuple[float, int, float]] = field(default_factory=list)  # (wall_s, version, reward)
+    train_rewards: list[tuple[float, int, float]] = field(default_factory=list)
+
+    def line(self, lag: int | None = None) -> str:
+        t = self.trainer
+        traj = sum(e.get("trajectories", 0) for e in self.explorers.values())
+        rate = sum(e.get("traj_per_s", 0) for e in self.explorers.values())
+        ev = f"{self.evals[-1][2]:.3f}@v{self.evals[-1][1]}" if self.evals else "-"
+        return (f"[{time.monotonic() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
+                f"eval {ev:>11}  train_reward {t.get('reward_mean', float('nan')):.3f}  "
+                f"staleness {t.get('staleness_mean', float('nan')):.2f}  lag {lag if lag is not None else '-'}  "
+                f"trajectories {int(traj)} ({rate:.1f}/s)")
+
+
+class MetricsFollower:
+    def __init__(self, kafka: KafkaConfig, namespace: str, logdir: str | None = None):
+        self.consumer = make_consumer(kafka, None)
+        self.consumer.assign([TopicPartition(topic_name(namespace, "metrics"), 0, 0)])
+        self.view = RunView()
+        self.writer = None
+        if logdir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(logdir)
+
+    def poll(self, timeout: float = 0.2) -> RunView:
+        for msg in self.consumer.consume(1000, timeout=timeout):
+            if msg.error() is not None:
+                continue
+            try:
+                m = decode(msg.value(), Metric)
+            except DecodeError:
+                continue
+            now = time.monotonic() - self.view.t0
+            if m.role == "trainer":
+                self.view.trainer = {**m.values, "step": m.step}
+                self.view.train_rewards.append((now, m.step, m.values.get("reward_mean", 0.0)))
+            elif m.role == "eval":
+                self.view.evals.append((now, int(m.values["version"]), m.values["eval_reward"]))
+            elif m.role == "explorer":
+                self.view.explorers[m.role_id] = m.values
+            else:
+                self.view.stream_ops[m.role_id] = m.values
+            if self.writer is not None:
+                for k, v in m.values.items():
+                    self.writer.add_scalar(f"{m.role}/{k}", v, m.step)
+        return self.view
+
+    def close(self) -> None:
+        self.consumer.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,166 @@
+"""`streamrft run CONFIG [key=value ...]`: one whole run on this machine.
+
+Starts the embedded stack unless the config names external ones, prepares data/model/warm-up,
+creates the run's topics, launches the trainer, one stream-ops worker and
+`explorer.num_explorers` explorers as processes (`streamrft train|score|explore` on the resolved
+config), shows a live progress line, and stops everything at the end or on Ctrl-C. It prints one
+`final:` line and writes `reward_curve.png`, TensorBoard logs and the resolved config.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from streamrft.config import RunConfig, dump_config, load_config
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "streamrft.cli", *args], stdout=fh, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop(procs: dict[str, subprocess.Popen], timeout: float = 20.0) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs.values():
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def final_eval(cfg: RunConfig, version: int | None) -> float:
+    """Greedy eval reward of `version` (None = the prepared initial model), fetched from S3 and verified."""
+    import tempfile
+
+    from streamrft.engine.rollout import make_engine
+    from streamrft.engine.weights import fetch_state_dict
+    from streamrft.infra.objectstore import WeightStore
+    from streamrft.producers.evaluate import evaluate
+    from streamrft.producers.tasks import load_task_file
+
+    engine = make_engine(cfg.explorer.engine.type, cfg.model.path, device=cfg.explorer.engine.device,
+                         dtype=cfg.model.dtype, max_batch=cfg.explorer.engine.max_batch)
+    if version is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            engine.load_weights(fetch_state_dict(WeightStore(cfg.s3), cfg.model.name, version, Path(tmp)), version)
+    tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
+    return evaluate(engine, tasks, cfg.stream_ops.rewards, cfg.explorer.sampling.max_new_tokens)
+
+
+def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tuple[float, int, float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([t for t, _, _ in train], [r for _, _, r in train], ".", alpha=0.4, label="train reward (batch mean)")
+    if evals:
+        ax.plot([t for t, _, _ in evals], [r for _, _, r in evals], "o-", label="held-out eval reward (greedy)")
+    ax.set_xlabel("wall seconds")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(config_path: str, overrides: list[str]) -> int:
+    from streamrft.cli import embedded_stack, resolve_clients
+
+    t_start = time.monotonic()
+    cfg = load_config(config_path, overrides)
+    run_name = f"{cfg.namespace}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg.namespace = run_name
+    out = (Path(cfg.output_dir) / run_name).resolve()
+    cfg.output_dir = str(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    es, started_stack = None, False
+    if cfg.stack.embedded:
+        es = embedded_stack(cfg.stack, cfg.s3)
+        started_stack = not any(es.running().values())
+        state = es.up()
+        print(f"stack: kafka {state.kafka}, s3 http://{state.s3} ({'started' if started_stack else 'already running'})", flush=True)
+        cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+        cfg.stack.embedded = False  # the roles use these addresses as they are
+    try:
+        return _run_roles(cfg, out, t_start)
+    finally:
+        if es is not None and started_stack:
+            print(f"stack down: stopped {', '.join(es.down())}", flush=True)
+
+
+def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
+    from streamrft.infra.kafka import ensure_topics, run_topics
+    from streamrft.launch.prepare import prepare
+    from streamrft.launch.progress import MetricsFollower
+
+    run_name = cfg.namespace
+    procs: dict[str, subprocess.Popen] = {}
+    follower = None
+    try:
+        cfg = prepare(cfg)
+        resolved = out / "config.yaml"
+        resolved.write_text(dump_config(cfg))
+        ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, [cfg.explorer.team]))
+        eval_start = final_eval(cfg, None)
+        print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
+
+        logs = out / "logs"
+        procs["trainer"] = _spawn(["train", str(resolved)], logs / "trainer.log")
+        procs["stream-ops"] = _spawn(["score", str(resolved)], logs / "stream-ops.log")
+        for i in range(cfg.explorer.num_explorers):
+            procs[f"explorer-{i}"] = _spawn(["explore", str(resolved), "--index", str(i)], logs / f"explorer-{i}.log")
+        follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
+        follower.view.evals.append((0.0, 0, eval_start))
+        last_line = 0.0
+        deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
+        while procs["trainer"].poll() is None:
+            view = follower.poll(0.5)
+            for name, p in procs.items():
+                if name != "trainer" and p.poll() is not None and p.returncode != 0:
+                    raise RuntimeError(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}")
+            if time.monotonic() - last_line > 5:
+                last_line = time.monotonic()
+                print(view.line(), flush=True)
+            if deadline and time.monotonic() > deadline:
+                print(f"max_wall_s={cfg.max_wall_s} reached: stopping", flush=True)
+                break
+        _stop({"trainer": procs["trainer"]}, timeout=60)
+        if procs["trainer"].returncode not in (0, -signal.SIGTERM):
+            raise RuntimeError(f"trainer exited with {procs['trainer'].returncode}; see {logs / 'trainer.log'}")
+        _stop(procs)
+        view = follower.poll(1.0)
+    except KeyboardInterrupt:
+        print("interrupted: stopping every role", flush=True)
+        _stop(procs)
+        return 130
+    finally:
+        _stop(procs)
+        if follower is not None:
+            follower.close()
+    from streamrft.infra.objectstore import WeightStore
+
+    version = WeightStore(cfg.s3).latest_version(cfg.model.name) or 0
+    eval_end = final_eval(cfg, version)
+    view.evals.append((time.monotonic() - view.t0, version, eval_end))
+    plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
+    trajectories = int(sum(e.get("trajectories", 0) for e in view.explorers.values()))
+    print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
+    print(f"final: eval_reward_start={eval_start:.3f} eval_reward_end={eval_end:.3f} versions={version} "
+          f"trajectories={trajectories} wall_s={time.monotonic() - t_start:.0f}", flush=True)
+    return 0

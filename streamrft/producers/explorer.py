@@ -1,0 +1,131 @@
+"""The explorer role: tasks in, RolloutGroups out, weights hot-swapped between generations.
+
+Run one with `streamrft explore CONFIG --index I`; `streamrft run` starts
+`explorer.num_explorers` of them. Each one shards the task file by its index, generates
+`tasks_per_batch` tasks x `group_size` samples per engine call, publishes every group whole
+(acks=all) and waits for a newer weight version when admission control says its groups would
+arrive too stale. Explorer 0 also evaluates each `eval.every_versions`-th version.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from streamrft.config import RunConfig
+from streamrft.infra.kafka import flush_or_raise, make_producer
+from streamrft.infra.objectstore import WeightStore
+from streamrft.producers.admission import admit, per_version_quota
+from streamrft.producers.tasks import load_task_file, make_task_source
+from streamrft.producers.weights_watcher import WeightsWatcher
+from streamrft.producers.workflows import WORKFLOWS
+from streamrft.schemas import Metric, encode, topic_name
+
+log = logging.getLogger(__name__)
+
+
+class Explorer:
+    def __init__(self, cfg: RunConfig, index: int, stop: threading.Event | None = None):
+        import torch
+
+        from streamrft.engine.rollout import SamplingParams, make_engine
+
+        torch.set_num_threads(cfg.explorer.torch_threads)
+        self.cfg, self.index = cfg, index
+        self.id = f"explorer-{index}-{os.getpid()}"
+        self.stop = stop or threading.Event()
+        ex = cfg.explorer
+        self.engine = make_engine(ex.engine.type, cfg.model.path, device=ex.engine.device, dtype=cfg.model.dtype,
+                                  max_batch=ex.engine.max_batch)
+        self.params = SamplingParams(n=ex.group_size, max_new_tokens=ex.sampling.max_new_tokens,
+                                     temperature=ex.sampling.temperature, top_p=ex.sampling.top_p, top_k=ex.sampling.top_k)
+        self.producer = make_producer(cfg.kafka)
+        self.store = WeightStore(cfg.s3)
+        self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name,
+                                      Path(cfg.output_dir) / "cache" / self.id)
+        self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
+        self.quota = per_version_quota(cfg.trainer.max_staleness, cfg.trainer.batch_groups,
+                                       cfg.trainer.sync_interval, ex.num_explorers)
+        self.eval_tasks = (load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
+                           if index == 0 and cfg.data.eval and cfg.eval.every_versions > 0 else [])
+        self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "generate_s": 0.0}
+
+    def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
+        m = Metric(role=role, role_id=self.id, step=self.engine.version, values=values)
+        self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
+
+    def _maybe_eval(self, evaluated: set[int]) -> None:
+        from streamrft.producers.evaluate import evaluate
+
+        v = self.engine.version
+        if not self.eval_tasks or v in evaluated or v % self.cfg.eval.every_versions:
+            return
+        evaluated.add(v)
+        score = evaluate(self.engine, self.eval_tasks, self.cfg.stream_ops.rewards, self.cfg.explorer.sampling.max_new_tokens)
+        self._metric({"eval_reward": score, "version": v}, role="eval")
+        log.info("eval v%d: %.3f", v, score)
+
+    def run(self) -> dict:
+        cfg, ex = self.cfg, self.cfg.explorer
+        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, self.index, ex.num_explorers)
+        workflow = WORKFLOWS[ex.workflow]
+        self.watcher.start()
+        started, blocked_since, evaluated = 0, None, set()
+        last_metric, t_start = time.monotonic(), time.monotonic()
+        try:
+            while not self.stop.is_set():
+                ready = self.watcher.take()
+                if ready is not None:
+                    self.engine.load_weights(ready[1], ready[0])
+                    started = 0
+                    self.stats["swaps"] += 1
+                self._maybe_eval(evaluated)
+                if not admit(self.engine.version, self.watcher.latest_announced, started,
+                             cfg.trainer.max_staleness, self.quota):
+                    now = time.monotonic()
+                    blocked_since = blocked_since or now
+                    fresh = self.watcher.latest_announced - self.engine.version <= cfg.trainer.max_staleness
+                    if fresh and now - blocked_since > ex.admission_wait_s:
+                        # the trainer is still on this version and wants more (filtered groups): grant
+                        started, blocked_since = 0, None
+                    else:
+                        self.stats["admission_waits"] += 1
+                        time.sleep(0.05)
+                    continue
+                blocked_since = None
+                batch = [next(tasks) for _ in range(min(ex.tasks_per_batch, self.quota - started))]
+                t0 = time.monotonic()
+                groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
+                                  producer_id=self.id)
+                self.stats["generate_s"] += time.monotonic() - t0
+                for g in groups:
+                    self.producer.produce(self.topic, key=g.group_id.encode(), value=encode(g))
+                flush_or_raise(self.producer)
+                started += len(groups)
+                self.stats["groups"] += len(groups)
+                self.stats["trajectories"] += sum(len(g.trajectories) for g in groups)
+                if time.monotonic() - last_metric > 5:
+                    last_metric = time.monotonic()
+                    self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
+                                  "traj_per_s": self.stats["trajectories"] / (last_metric - t_start),
+                                  "version": self.engine.version, "swaps": self.stats["swaps"]})
+                if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
+                    break
+        finally:
+            self.watcher.stop()
+            self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
+                          "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"]})
+            flush_or_raise(self.producer)
+        return self.stats
+
+
+def run_explorer(cfg: RunConfig, index: int) -> int:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stats = Explorer(cfg, index, stop).run()
+    print(f"explorer {index} done: {stats}", flush=True)
+    return 0

@@ -1,0 +1,33 @@
+"""Workflows turn tasks into RolloutGroups with a rollout engine.
+
+A workflow is `fn(engine, tasks, params, *, version, team, tokenizer) -> list[RolloutGroup]`.
+Single-turn is the one shipped now; a multi-turn chat or an agent in an environment returns the
+same RolloutGroup with `loss_mask` zeroing the environment's tokens (and logprobs 0.0 there), so
+the trainer and stream ops need no change. Chosen by `explorer.workflow` from `WORKFLOWS`.
+"""
+from __future__ import annotations
+
+from streamrft.engine.rollout.base import RolloutEngine, SamplingParams
+from streamrft.schemas import RolloutGroup, Task, Trajectory, new_id
+
+
+def encode_prompt(tokenizer, task: Task) -> list[int]:
+    return task.prompt_ids or tokenizer(task.prompt)["input_ids"]
+
+
+def single_turn(engine: RolloutEngine, tasks: list[Task], params: SamplingParams, *, version: int,
+                team: str, producer_id: str = "") -> list[RolloutGroup]:
+    prompts = [encode_prompt(engine.tokenizer, t) for t in tasks]
+    outputs = engine.generate(prompts, params)
+    groups = []
+    for task, prompt, completions in zip(tasks, prompts, outputs):
+        gid = new_id()
+        trajs = [Trajectory(group_id=gid, task_id=task.task_id, team=team, model_version=version,
+                            prompt_ids=prompt, response_ids=c.token_ids, logprobs=[min(lp, 0.0) for lp in c.logprobs],
+                            response_text=c.text, finish_reason=c.finish_reason)
+                 for c in completions]
+        groups.append(RolloutGroup(group_id=gid, team=team, task=task, trajectories=trajs, producer_id=producer_id))
+    return groups
+
+
+WORKFLOWS = {"single_turn": single_turn}

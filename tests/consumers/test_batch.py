@@ -1,0 +1,39 @@
+import torch
+
+from streamrft.consumers.batch import collate, token_logprobs
+from streamrft.schemas import Trajectory
+
+
+def _t(prompt, resp, lps, mask=None):
+    return Trajectory(group_id="g", task_id="t", model_version=0, prompt_ids=prompt, response_ids=resp,
+                      logprobs=lps, loss_mask=mask)
+
+
+def test_collate_aligns_response_tokens_with_the_logits_that_predict_them():
+    b = collate([(_t([1, 2, 3], [4, 5], [-0.1, -0.2]), 1.5, 1.0), (_t([6], [7, 8, 9], [-0.3, -0.4, -0.5], [1, 0, 1]), -1.5, 0.0)], pad_id=0)
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+    # column t scores token t+1: row 0 response starts at token 3 -> column 2
+    assert b.mask.tolist() == [[0, 0, 1, 1], [1, 0, 1, 0]]
+    assert torch.allclose(b.old_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [-0.3, -0.4, -0.5, 0]]))
+    assert b.advantages.tolist() == [1.5, -1.5]
+
+
+def test_token_logprobs_matches_manual_log_softmax():
+    torch.manual_seed(0)
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 10)
+
+        def forward(self, input_ids, attention_mask):
+            return type("Out", (), {"logits": self.emb(input_ids)})()
+
+    model = Toy()
+    b = collate([(_t([1, 2], [3, 4], [-1.0, -1.0]), 0.0, 0.0)], pad_id=0)
+    lp, ent = token_logprobs(model, b, temperature=0.5, with_entropy=True)
+    logits = model.emb.weight[[1, 2, 3]] / 0.5
+    expect = torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor([2, 3, 4])]
+    assert torch.allclose(lp[0], expect)
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(ent[0], -(p * p.log()).sum(-1))
