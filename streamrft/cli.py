@@ -149,7 +149,7 @@ def cmd_train(args) -> int:
     if cfg.algorithm.type in OFFLINE_TYPES:
         from streamrft.consumers.offline import run_offline
 
-        return run_offline(cfg)
+        return run_offline(cfg, publish=args.publish)
     from streamrft.consumers.trainer import run_trainer
 
     return run_trainer(cfg)
@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_score)
     p = sub.add_parser("train", help="run the trainer (online RL, or offline sft/dpo/kto)")
     _config_args(p)
+    p.add_argument("--publish", action="store_true", help="offline: publish the result as weight version <steps>")
     p.set_defaults(fn=cmd_train)
     return parser
 

@@ -22,6 +22,7 @@ from confluent_kafka import TopicPartition
 from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
 from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories
+from streamrft.consumers.advantages import make_batch_advantage
 from streamrft.consumers.batch import Batch, collate, token_logprobs
 from streamrft.infra.kafka import flush_or_raise, make_consumer, make_producer
 from streamrft.infra.objectstore import WeightStore
@@ -86,6 +87,9 @@ class Trainer:
         self.counts = Counts(**self.state.counts)
         self.ref_model = None
         self.objective = Objective(cfg)
+        self.batch_advantage = make_batch_advantage(cfg)
+        if found is not None and hasattr(self.batch_advantage, "load"):
+            self.batch_advantage.load(found[0])
         if self.objective.kl_fn is not None:
             self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype)
             self.ref_model.eval().requires_grad_(False)
@@ -142,6 +146,9 @@ class Trainer:
         temperature = self.cfg.explorer.sampling.temperature or 1.0
         global_tokens, global_seqs = batch.mask.sum(), float(len(batch))
         metrics: dict[str, float] = {}
+        if self.batch_advantage is not None:
+            batch.advantages, extra = self.batch_advantage(batch)
+            metrics.update(extra)
         self.model.train()
         mb = self.tc.micro_batch_size
         for start in range(0, len(batch), mb):
@@ -171,12 +178,17 @@ class Trainer:
                                       meta={"step": self.state.step})
         self.seen.prune(v, self.tc.max_staleness)
         self.state.seen, self.state.offsets, self.state.counts = dict(self.seen.ids), dict(self.next_offsets), self.counts.as_dict()
-        checkpoint.save(self.ckpt_dir, self.state, self.engine.save)
+        checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint)
         self.announce(manifest.sha256)
         if self.next_offsets:
             offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
             self.consumer.commit(offsets=offsets, asynchronous=False)
         self.store.gc(self.cfg.model.name, self.tc.keep_versions)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        self.engine.save(directory)
+        if hasattr(self.batch_advantage, "save"):
+            self.batch_advantage.save(directory)
 
     def announce(self, manifest_sha: str = "") -> None:
         wv = WeightVersion(model=self.cfg.model.name, version=self.state.version, bucket=self.store.bucket,

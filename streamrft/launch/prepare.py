@@ -36,16 +36,9 @@ def prepare_data(cfg: RunConfig, out: Path) -> None:
 
 
 def prepare_model(cfg: RunConfig) -> None:
-    from streamrft.engine.models import build_char_tokenizer, build_tiny_model
-    from streamrft.producers.synthetic import ALPHABET
+    from streamrft.consumers.offline import ensure_model
 
-    path = Path(cfg.model.path)
-    if (path / "config.json").exists():
-        return
-    if cfg.model.build is None:
-        raise FileNotFoundError(f"model.path {path} has no model and model.build is not set")
-    tok = build_char_tokenizer(ALPHABET)
-    build_tiny_model(path, tok, **cfg.model.build.model_dump())
+    ensure_model(cfg)
 
 
 def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
@@ -58,21 +51,13 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def run_stages(cfg: RunConfig, out: Path) -> None:
-    import torch
-
-    from streamrft.engine.models import load_policy
-    from streamrft.engine.sft import sft_warmup
+    from streamrft.consumers.offline import sft_stage
 
     for i, stage in enumerate(cfg.stages):
         dest = out / f"stage-{i}-{stage.type}"
         if not (dest / "config.json").exists():
-            model, tok = load_policy(cfg.model.path, dtype=cfg.model.dtype)
-            torch.manual_seed(cfg.trainer.seed)
-            losses = sft_warmup(model, tok, _stage_pairs(stage, cfg), steps=stage.steps, batch_size=stage.batch_size,
-                                lr=stage.lr, seed=cfg.trainer.seed)
-            print(f"stage {i} ({stage.type}): {stage.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
-            model.save_pretrained(dest)
-            tok.save_pretrained(dest)
+            print(f"stage {i} ({stage.type}): {stage.steps} steps ...", flush=True)
+            sft_stage(cfg.model.path, str(dest), stage, _stage_pairs(stage, cfg), seed=cfg.trainer.seed)
         cfg.model.path = str(dest)
 
 
