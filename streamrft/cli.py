@@ -150,9 +150,10 @@ def cmd_train(args) -> int:
         from streamrft.consumers.offline import run_offline
 
         return run_offline(cfg, publish=args.publish)
-    from streamrft.consumers.trainer import run_trainer
+    from streamrft.consumers.trainer import relaunch_under_torchrun, run_trainer
 
-    return run_trainer(cfg)
+    code = relaunch_under_torchrun(cfg, ["train", args.config, *args.overrides])
+    return run_trainer(cfg) if code is None else code
 
 
 def cmd_score(args) -> int:

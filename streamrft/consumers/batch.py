@@ -25,6 +25,9 @@ class Batch:
     def slice(self, start: int, stop: int) -> "Batch":
         return Batch(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
 
+    def to(self, device) -> "Batch":
+        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 def collate(samples: list[tuple], pad_id: int) -> Batch:
     """samples: (Trajectory, advantage, reward) tuples."""

@@ -40,14 +40,24 @@ def latest(ckpt_dir: Path) -> tuple[Path, TrainerState] | None:
     return d, TrainerState(**json.loads((d / "state.json").read_text()))
 
 
-def save(ckpt_dir: Path, state: TrainerState, write_model, keep: int = 2) -> Path:
-    """`write_model(dir)` writes weights and optimiser; then state.json; then LATEST."""
+def save(ckpt_dir: Path, state: TrainerState, write_model, keep: int = 2, is_main: bool = True,
+         barrier=lambda: None) -> Path:
+    """`write_model(dir)` writes weights and optimiser; then state.json; then LATEST.
+
+    With several data-parallel ranks every rank calls this (DeepSpeed writes its shards
+    collectively); only the main rank creates, finalises and prunes directories.
+    """
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / f"v{state.version}"
     tmp = ckpt_dir / f".tmp-v{state.version}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
     write_model(tmp)
+    barrier()
+    if not is_main:
+        return final
     _fsync_write(tmp / "state.json", json.dumps(state.__dict__))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

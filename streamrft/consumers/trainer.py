@@ -95,12 +95,15 @@ class Trainer:
             self.ref_model.eval().requires_grad_(False)
         ns = cfg.namespace
         self.topic = topic_name(ns, "experiences")
-        self.store = WeightStore(cfg.s3)
-        self.producer = make_producer(cfg.kafka)
-        self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+        self.is_main = getattr(self.engine, "is_main", True)
+        self.world = getattr(self.engine, "world", 1)
         self.pending: list = []
         self.next_offsets = dict(self.state.offsets)
+        if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
+            self.store = WeightStore(cfg.s3)
+            self.producer = make_producer(cfg.kafka)
+            self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
+            self.consumer.subscribe([self.topic], on_assign=self._on_assign)
 
     def _on_assign(self, consumer, partitions):
         # the checkpoint, not the group's committed offset, is the authority on where to resume
@@ -144,15 +147,21 @@ class Trainer:
     def train_step(self, samples: list[tuple]) -> dict[str, float]:
         batch = collate(samples, self.tokenizer.pad_token_id)
         temperature = self.cfg.explorer.sampling.temperature or 1.0
-        global_tokens, global_seqs = batch.mask.sum(), float(len(batch))
+        global_tokens, global_seqs = batch.mask.sum(), (batch.mask.sum(1) > 0).sum()
         metrics: dict[str, float] = {}
         if self.batch_advantage is not None:
             batch.advantages, extra = self.batch_advantage(batch)
             metrics.update(extra)
         self.model.train()
-        mb = self.tc.micro_batch_size
-        for start in range(0, len(batch), mb):
-            part = batch.slice(start, start + mb)
+        local = batch
+        if self.world > 1:  # this rank's contiguous share; the counts above stay global
+            per = -(-len(batch) // self.world)
+            rank = self.engine.rank
+            local = batch.slice(rank * per, (rank + 1) * per)
+        device = next(self.model.parameters()).device
+        mb = len(local) if self.world > 1 else self.tc.micro_batch_size  # DeepSpeed: one backward per step
+        for start in range(0, len(local), mb):
+            part = local.slice(start, start + mb).to(device)
             logp, entropy = token_logprobs(self.model, part, temperature, with_entropy=self.objective.entropy_coef != 0)
             ref = None
             if self.ref_model is not None:
@@ -174,11 +183,15 @@ class Trainer:
         from streamrft.engine.weights import publish_state_dict
 
         v = self.state.version
-        manifest = publish_state_dict(self.store, self.cfg.model.name, v, self.engine.publishable_state_dict(),
-                                      meta={"step": self.state.step})
+        weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
         self.seen.prune(v, self.tc.max_staleness)
         self.state.seen, self.state.offsets, self.state.counts = dict(self.seen.ids), dict(self.next_offsets), self.counts.as_dict()
-        checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint)
+        barrier = getattr(self.engine, "barrier", lambda: None)
+        if not self.is_main:
+            checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, is_main=False, barrier=barrier)
+            return
+        manifest = publish_state_dict(self.store, self.cfg.model.name, v, weights, meta={"step": self.state.step})
+        checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, barrier=barrier)
         self.announce(manifest.sha256)
         if self.next_offsets:
             offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
@@ -198,18 +211,27 @@ class Trainer:
         flush_or_raise(self.producer)
 
     def metric(self, values: dict[str, float]) -> None:
+        if not self.is_main:
+            return
         m = Metric(role="trainer", role_id=self.id, step=self.state.step, values=values)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
+    def _next_samples(self) -> list[tuple] | None:
+        samples = self.collect() if self.is_main else None
+        if self.world > 1:
+            samples = self.engine.broadcast(samples)  # None from rank 0 stops every rank
+        return samples
+
     def run(self) -> dict:
-        self.store.ensure_bucket()
+        if self.is_main:
+            self.store.ensure_bucket()
         if not self.resumed:
             self.publish()  # version 0 = the initial weights, so every explorer can verify what it runs
-        else:
+        elif self.is_main:
             self.announce()
-        while self.state.step < self.tc.max_steps and not self.stop.is_set():
+        while self.state.step < self.tc.max_steps:
             t0 = time.monotonic()
-            samples = self.collect()
+            samples = self._next_samples()
             if samples is None:
                 break
             t1 = time.monotonic()
@@ -227,9 +249,27 @@ class Trainer:
             self.metric(metrics)
             log.info("step %d v%d loss %.4f reward %.3f", self.state.step, self.state.version,
                      metrics.get("loss", 0.0), metrics["reward_mean"])
-        flush_or_raise(self.producer)
-        self.consumer.close()
+        if self.is_main:
+            flush_or_raise(self.producer)
+            self.consumer.close()
+        if hasattr(self.engine, "close"):
+            self.engine.close()
         return {"version": self.state.version, "step": self.state.step, **self.counts.as_dict()}
+
+
+def relaunch_under_torchrun(cfg: RunConfig, argv: list[str]) -> int | None:
+    """DeepSpeed with several processes: re-run this command under torchrun (None = no need)."""
+    import subprocess
+    import sys
+
+    n = cfg.trainer.deepspeed.num_gpus
+    if cfg.trainer.engine != "deepspeed" or n <= 1 or "LOCAL_RANK" in os.environ:
+        return None
+    from streamrft.engine.training.deepspeed_engine import _free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", "-m", "streamrft.cli", *argv]
+    return subprocess.call(cmd)
 
 
 def run_trainer(cfg: RunConfig) -> int:

@@ -107,12 +107,14 @@ class PartitionEnd:
     end: int
 
 
-def partition_ends(cfg: KafkaConfig, topic: str, idle_s: float = 1.0) -> list[PartitionEnd]:
+def partition_ends(cfg: KafkaConfig, topic: str, idle_s: float = 1.0, max_s: float = 30.0) -> list[PartitionEnd]:
     """True [start, end) offsets of every partition of `topic`.
 
     The embedded broker reports a high watermark that can be far below the real end (the newest
     batch object's base offset + 1), so the reported value is only a lower bound: we read forward
-    from it until the partition is idle. On Apache Kafka that reads at most one record.
+    from it until we have read its last record and the partition is idle. On Apache Kafka that
+    reads at most one record. While producers keep writing the end is a moving target: we stop
+    after `max_s` instead of reading forever.
     """
     consumer = make_consumer(cfg, None)
     try:
@@ -126,15 +128,23 @@ def partition_ends(cfg: KafkaConfig, topic: str, idle_s: float = 1.0) -> list[Pa
         pending = {e.partition: e for e in ends if e.end > e.start or e.start == 0}
         if pending:
             consumer.assign([TopicPartition(topic, p, max(e.end - 1, e.start)) for p, e in pending.items()])
-            last_data = time.monotonic()
-            while time.monotonic() - last_data < idle_s:
+            # the record at end-1 exists: until it arrives, silence means a slow fetch, not the end
+            # (unless it is a transaction marker, never delivered: hence the 5 * idle_s bound)
+            unread = {p for p, e in pending.items() if e.end > e.start}
+            started = last_data = time.monotonic()
+            while True:
                 msgs = consumer.consume(num_messages=10000, timeout=0.2)
                 for m in msgs:
                     if m.error() is None:
                         e = pending[m.partition()]
                         e.end = max(e.end, m.offset() + 1)
+                        unread.discard(m.partition())
+                now = time.monotonic()
                 if msgs:
-                    last_data = time.monotonic()
+                    last_data = now
+                quiet = now - last_data >= idle_s
+                if (quiet and (not unread or now - started >= 5 * idle_s)) or now - started >= max_s:
+                    break
         return ends
     finally:
         consumer.close()
