@@ -9,6 +9,7 @@ commit offsets. On restart it seeks to the checkpoint's offsets, so nothing is l
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -99,6 +100,7 @@ class Trainer:
         self.world = getattr(self.engine, "world", 1)
         self.pending: list = []
         self.next_offsets = dict(self.state.offsets)
+        self.trained_since_ckpt: list[str] = []
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
@@ -200,6 +202,13 @@ class Trainer:
 
     def _write_checkpoint(self, directory: Path) -> None:
         self.engine.save(directory)
+        if self.is_main:
+            # the audit trail: ids whose training this version makes durable. A version redone after
+            # a crash rewrites its own file, so the union over files is exactly what was trained.
+            audit = self.ckpt_dir / "audit"
+            audit.mkdir(parents=True, exist_ok=True)
+            (audit / f"v{self.state.version}.json").write_text(json.dumps(self.trained_since_ckpt))
+            self.trained_since_ckpt = []
         if hasattr(self.batch_advantage, "save"):
             self.batch_advantage.save(directory)
 
@@ -238,6 +247,7 @@ class Trainer:
             metrics = self.train_step(samples)
             for t, _, _ in samples:
                 self.seen.add(t.traj_id, t.model_version)
+                self.trained_since_ckpt.append(t.traj_id)
             self.counts.trained += len(samples)
             self.counts.groups_trained += self.tc.batch_groups
             self.state.step += 1

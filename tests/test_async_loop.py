@@ -1,0 +1,170 @@
+"""The whole asynchronous loop on the real embedded stack: explorers -> faust stream ops ->
+trainer -> S3 weight versions -> explorers, with a tiny locally built model.
+
+1. `streamrft run` for a few steps: versions advance, explorers swap weights, and every
+   trajectory produced is accounted for (trained, stale, duplicate, filtered, dead-lettered, or
+   still queued behind a committed offset).
+2. A trainer killed with -9 mid-run and restarted resumes at its checkpointed version and trains
+   no experience twice (its audit trail is checked against the experiences topic).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from streamrft.config import load_config
+from streamrft.infra.kafka import make_consumer, partition_ends
+from streamrft.infra.status import collect
+from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "examples" / "cpu_demo.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def _overrides(stack, out: Path, extra: list[str] = ()) -> list[str]:
+    return [
+        "stack.embedded=false", f"kafka.bootstrap={stack.kafka.bootstrap}", f"s3.endpoint={stack.s3.endpoint}",
+        f"s3.access_key={stack.s3.access_key}", f"s3.secret_key={stack.s3.secret_key}", f"output_dir={out}",
+        f"model.path={out / 'base'}", "model.build={hidden_size: 32, layers: 1, heads: 2, seed: 0}",
+        "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {size: 200, synthetic: {min_len: 1, max_len: 3}}}]",
+        "data.synthetic={task: reverse, train_size: 300, eval_size: 20, min_len: 3, max_len: 5, seed: 0}",
+        "explorer.group_size=4", "explorer.tasks_per_batch=4", "explorer.sampling.max_new_tokens=8",
+        "trainer.batch_groups=4", "trainer.max_staleness=1", "eval.every_versions=2", "eval.max_tasks=20",
+        *extra,
+    ]
+
+
+def _read_all(kafka, topic: str) -> list:
+    """Every record of `topic`, read from the start of each partition up to its true end."""
+    ends = partition_ends(kafka, topic)
+    consumer = make_consumer(kafka, None)
+    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+    want, got = sum(e.end - e.start for e in ends), []
+    deadline = time.monotonic() + 60
+    while len(got) < want and time.monotonic() < deadline:
+        got += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+    consumer.close()
+    return got
+
+
+def _committed(stack, group: str, topic: str) -> dict[int, int]:
+    for g in collect(stack.kafka, stack.s3, []).groups:
+        if g.group == group and g.topic == topic:
+            return g.committed
+    return {}
+
+
+def test_short_run_versions_advance_and_every_trajectory_is_accounted_for(stack, tmp_path):
+    steps = 4
+    res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(DEMO),
+                          *_overrides(stack, tmp_path, [f"trainer.max_steps={steps}"])],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    final = [l for l in res.stdout.splitlines() if l.startswith("final:")]
+    assert len(final) == 1, res.stdout
+    fields = dict(kv.split("=") for kv in final[0].removeprefix("final: ").split())
+    assert int(fields["versions"]) == steps
+    run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
+    assert (run_dir / "reward_curve.png").stat().st_size > 0
+    cfg = load_config(run_dir / "config.yaml")
+    ns = cfg.namespace
+
+    # explorers hot-swapped to newer versions
+    swaps = [int(m) for f in (run_dir / "logs").glob("explorer-*.log")
+             for m in re.findall(r"'swaps': (\d+)", f.read_text())]
+    assert swaps and max(swaps) >= 1
+
+    # stream ops: every group below the committed offsets came out as an experience, was filtered
+    # (all rewards equal), or was dead-lettered
+    rollouts = _read_all(stack.kafka, topic_name(ns, "rollouts", "default"))
+    produced = {}
+    for m in rollouts:
+        g = decode(m.value(), RolloutGroup)
+        produced[(m.partition(), m.offset())] = g
+    assert sum(len(g.trajectories) for g in produced.values()) >= steps * 4 * 4
+    experiences = [decode(m.value(), ExperienceGroup) for m in _read_all(stack.kafka, topic_name(ns, "experiences"))]
+    scored = {e.group_id for e in experiences}
+    dead = _read_all(stack.kafka, topic_name(ns, "dlq"))
+    committed = _committed(stack, f"{ns}.stream-ops", topic_name(ns, "rollouts", "default"))
+    processed = [g for (p, o), g in produced.items() if o < committed.get(p, 0)]
+    assert processed, "stream ops committed nothing"
+    from streamrft.stream_ops.rewards.reverse import reverse_reward
+    for g in processed:
+        if g.group_id in scored:
+            continue
+        rewards = {reverse_reward(t.response_text, g.task.answer) for t in g.trajectories}
+        assert len(rewards) == 1, f"group {g.group_id} neither scored nor zero-variance"
+    assert not dead  # the explorers produced nothing malformed
+
+    # trainer: trained + stale + duplicate == trajectories below its committed offsets
+    state = json.loads((run_dir / "trainer" / (run_dir / "trainer" / "LATEST").read_text().strip() / "state.json").read_text())
+    counts = state["counts"]
+    exp_records = _read_all(stack.kafka, topic_name(ns, "experiences"))
+    consumed = [decode(m.value(), ExperienceGroup) for m in exp_records
+                if m.offset() < state["offsets"].get(f"{m.topic()}:{m.partition()}", 0)]
+    assert counts["trained"] + counts["stale"] + counts["duplicate"] == sum(len(e.trajectories) for e in consumed)
+    assert counts["trained"] > 0
+    audit = [i for f in (run_dir / "trainer" / "audit").glob("v*.json") for i in json.loads(f.read_text())]
+    assert len(audit) == len(set(audit)) == counts["trained"]
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "streamrft.cli", *args], stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def test_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(stack, tmp_path):
+    from streamrft.config import dump_config
+    from streamrft.launch.prepare import prepare
+
+    cfg = load_config(DEMO, _overrides(stack, tmp_path, ["trainer.max_steps=6", f"namespace=kill-{os.getpid()}-{int(time.time())}"]))
+    cfg = prepare(cfg)
+    resolved = tmp_path / "config.yaml"
+    resolved.write_text(dump_config(cfg))
+    ckpt = tmp_path / "trainer"
+    procs = {"score": _spawn(["score", str(resolved)], tmp_path / "score.log"),
+             "explore": _spawn(["explore", str(resolved), "--index", "0"], tmp_path / "explore.log"),
+             "train": _spawn(["train", str(resolved)], tmp_path / "train1.log")}
+    try:
+        deadline = time.monotonic() + 300
+        while not ((ckpt / "LATEST").exists() and int((ckpt / "LATEST").read_text().strip()[1:]) >= 2):
+            assert time.monotonic() < deadline, (tmp_path / "train1.log").read_text()[-3000:]
+            assert procs["train"].poll() is None, (tmp_path / "train1.log").read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(procs["train"].pid, signal.SIGKILL)
+        procs["train"].wait()
+        killed_at = int((ckpt / "LATEST").read_text().strip()[1:])
+        procs["train"] = _spawn(["train", str(resolved)], tmp_path / "train2.log")
+        assert procs["train"].wait(timeout=400) == 0, (tmp_path / "train2.log").read_text()[-3000:]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    log2 = (tmp_path / "train2.log").read_text()
+    assert f"at version {killed_at}" in log2  # resumed from the checkpoint, not from scratch
+    state = json.loads((ckpt / "v6" / "state.json").read_text())
+    assert state["version"] == 6 and state["step"] == 6
+    audit = Counter(i for f in (ckpt / "audit").glob("v*.json") for i in json.loads(f.read_text()))
+    assert audit and max(audit.values()) == 1, "a trajectory was trained twice"
+    assert sum(audit.values()) == state["counts"]["trained"]
+    # every audited id is a real trajectory from the experiences topic
+    ids = {t.traj_id for m in _read_all(stack.kafka, topic_name(cfg.namespace, "experiences"))
+           for t in decode(m.value(), ExperienceGroup).trajectories}
+    assert set(audit) <= ids
