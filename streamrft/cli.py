@@ -99,7 +99,11 @@ def cmd_schema(args) -> int:
     from streamrft.schemas import MESSAGES, json_schema
 
     if args.name:
-        print(json.dumps(json_schema(args.name), indent=2))
+        try:
+            print(json.dumps(json_schema(args.name), indent=2))
+        except ValueError as e:
+            print(f"streamrft: {e}", file=sys.stderr)
+            return 2
     else:
         print(json.dumps({name: json_schema(name) for name in MESSAGES}, indent=2))
     return 0

@@ -7,6 +7,7 @@ match the registries in `streamrft.engine.algorithms`.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,14 @@ POLICY_LOSS_TYPES = ("ppo", "pg", "gspo", "cispo", "decoupled_ppo", "sft")
 KL_ESTIMATOR_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 OFFLINE_TYPES = ("sft", "dpo", "kto")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: PyYAML (YAML 1.1) reads `1e-6` as a string, wrong wherever the type is Any."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                              list("-+0123456789."))
 
 
 class ConfigError(ValueError):
@@ -294,7 +303,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(value)
+        node[parts[-1]] = yaml.load(value, Loader=_Loader)
     return raw
 
 
@@ -317,7 +326,7 @@ def parse_config(raw: dict) -> RunConfig:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = yaml.load(Path(path).read_text(), Loader=_Loader) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return parse_config(apply_overrides(raw, overrides or []))

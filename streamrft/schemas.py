@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 SCHEMA_VERSION = 1
 
@@ -84,25 +84,33 @@ class Trajectory(Message):
 
     @field_validator("logprobs")
     @classmethod
-    def _logprobs(cls, v: list[float]) -> list[float]:
+    def _logprobs(cls, v: list[float], info: ValidationInfo) -> list[float]:
         for lp in v:
             if not math.isfinite(lp) or lp > 1e-4:
                 raise ValueError(f"log-probs must be finite and <= 0, got {lp}")
+        n = len(info.data.get("response_ids", v))
+        if len(v) != n:
+            raise ValueError(f"logprobs has {len(v)} entries for {n} response tokens")
         return v
 
-    @model_validator(mode="after")
-    def _lengths(self) -> "Trajectory":
-        n = len(self.response_ids)
-        if len(self.logprobs) != n:
-            raise ValueError(f"logprobs has {len(self.logprobs)} entries for {n} response tokens")
-        if self.loss_mask is not None:
-            if len(self.loss_mask) != n:
-                raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} response tokens")
-            if any(m not in (0, 1) for m in self.loss_mask):
-                raise ValueError("loss_mask entries must be 0 or 1")
-        if not self.prompt_ids:
+    @field_validator("loss_mask")
+    @classmethod
+    def _loss_mask(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if v is None:
+            return v
+        n = len(info.data.get("response_ids", v))
+        if len(v) != n:
+            raise ValueError(f"loss_mask has {len(v)} entries for {n} response tokens")
+        if any(m not in (0, 1) for m in v):
+            raise ValueError("loss_mask entries must be 0 or 1")
+        return v
+
+    @field_validator("prompt_ids")
+    @classmethod
+    def _prompt(cls, v: list[int]) -> list[int]:
+        if not v:
             raise ValueError("prompt_ids is empty")
-        return self
+        return v
 
     def mask(self) -> list[int]:
         return self.loss_mask if self.loss_mask is not None else [1] * len(self.response_ids)
@@ -118,17 +126,19 @@ class RolloutGroup(Message):
     trajectories: list[Trajectory] = Field(min_length=1)
     producer_id: str = ""
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "RolloutGroup":
-        for t in self.trajectories:
-            if t.group_id != self.group_id:
-                raise ValueError(f"trajectory {t.traj_id} has group_id {t.group_id}, group is {self.group_id}")
-            if t.task_id != self.task.task_id:
-                raise ValueError(f"trajectory {t.traj_id} has task_id {t.task_id}, task is {self.task.task_id}")
-        ids = [t.traj_id for t in self.trajectories]
+    @field_validator("trajectories")
+    @classmethod
+    def _consistent(cls, v: list[Trajectory], info: ValidationInfo) -> list[Trajectory]:
+        group_id, task = info.data.get("group_id"), info.data.get("task")
+        for t in v:
+            if group_id is not None and t.group_id != group_id:
+                raise ValueError(f"trajectory {t.traj_id} has group_id {t.group_id}, group is {group_id}")
+            if task is not None and t.task_id != task.task_id:
+                raise ValueError(f"trajectory {t.traj_id} has task_id {t.task_id}, task is {task.task_id}")
+        ids = [t.traj_id for t in v]
         if len(set(ids)) != len(ids):
             raise ValueError("duplicate traj_id inside the group")
-        return self
+        return v
 
 
 class ExperienceGroup(Message):
@@ -147,12 +157,13 @@ class ExperienceGroup(Message):
     source_partition: int = -1
     source_offset: int = -1
 
-    @model_validator(mode="after")
-    def _lengths(self) -> "ExperienceGroup":
-        n = len(self.trajectories)
-        if len(self.rewards) != n or len(self.advantages) != n:
-            raise ValueError(f"{n} trajectories but {len(self.rewards)} rewards and {len(self.advantages)} advantages")
-        return self
+    @field_validator("rewards", "advantages")
+    @classmethod
+    def _lengths(cls, v: list[float], info: ValidationInfo) -> list[float]:
+        n = len(info.data.get("trajectories", v))
+        if len(v) != n:
+            raise ValueError(f"{n} trajectories but {len(v)} {info.field_name}")
+        return v
 
 
 class WeightVersion(Message):

@@ -1,0 +1,85 @@
+"""Shared fixtures: the real embedded stack (Tansu on SeaweedFS), a topic namespace per test, and
+the `gpu` marker.
+
+`stack` is started once per session on free ports and stopped at the end, also when a test fails.
+Tests that kill or restart a server take `private_stack` instead, so they never disturb the
+shared one. Nothing here imports torch at module level: collection stays fast on CPU machines.
+"""
+from __future__ import annotations
+
+import re
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from streamrft.config import KafkaConfig, S3Config
+from streamrft.infra.stack import S3_KEY, EmbeddedStack, StackState, free_ports
+
+BUCKET = "weights"
+
+
+@dataclass
+class StackHandle:
+    """A running embedded stack and client configs pointing at it."""
+
+    embedded: EmbeddedStack
+    kafka: KafkaConfig
+    s3: S3Config
+
+    @property
+    def state(self) -> StackState:
+        # re-read: restart() records new PIDs in the state file
+        return self.embedded.load_state()
+
+
+@contextmanager
+def running_stack(data_dir: Path) -> Iterator[StackHandle]:
+    """Start an embedded stack under `data_dir` on free ports; stop exactly its PIDs afterwards."""
+    es = EmbeddedStack(data_dir, buckets=(BUCKET,), **free_ports())
+    try:
+        state = es.up()
+        yield StackHandle(
+            embedded=es,
+            kafka=KafkaConfig(bootstrap=state.kafka),
+            s3=S3Config(endpoint=state.s3, access_key=S3_KEY, secret_key=S3_KEY, bucket=BUCKET),
+        )
+    finally:
+        # also runs when up() failed half-way (weed started, tansu did not)
+        es.down()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> Iterator[StackHandle]:
+    with running_stack(tmp_path_factory.mktemp("stack")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def private_stack(tmp_path_factory) -> Iterator[StackHandle]:
+    """A stack of the test's own, for tests that kill -9 or restart the servers."""
+    with running_stack(tmp_path_factory.mktemp("private-stack")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def namespace(request) -> str:
+    """A topic namespace no other test (or earlier run on the same broker) uses."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[:40]
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch  # only when a gpu test was collected: importing torch costs ~2 s
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
