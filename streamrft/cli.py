@@ -118,12 +118,23 @@ def cmd_roundtrip(args) -> int:
 
 def _role_config(args):
     from streamrft.config import load_config
+    from streamrft.launch.prepare import prepare
 
     cfg = load_config(args.config, args.overrides)
     if cfg.stack.embedded:
         # a role started alone joins the embedded stack recorded under the data dir
         cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
-    return cfg
+    # resolves the prepared data/model paths; builds them only if `streamrft prepare` did not
+    return prepare(cfg)
+
+
+def cmd_prepare(args) -> int:
+    from streamrft.config import load_config
+    from streamrft.launch.prepare import prepare
+
+    cfg = prepare(load_config(args.config, args.overrides))
+    print(f"prepared: model {cfg.model.path}; train {cfg.data.train}; eval {cfg.data.eval}")
+    return 0
 
 
 def _logging() -> None:
@@ -196,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="a whole run: stack, explorers, stream ops, trainer, progress")
     _config_args(p)
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("prepare", help="build the model, data and warm-up stages a config names (idempotent)")
+    _config_args(p)
+    p.set_defaults(fn=cmd_prepare)
     p = sub.add_parser("explore", help="run one explorer")
     _config_args(p)
     p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
