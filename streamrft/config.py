@@ -222,6 +222,11 @@ class AlgorithmConfig(Section):
             _choice(self.advantage.type, ADVANTAGE_TYPES, "algorithm.advantage.type")
         if self.policy_loss.import_path is None:
             _choice(self.policy_loss.type, POLICY_LOSS_TYPES, "algorithm.policy_loss.type")
+        advantage = self.advantage.type or {"ppo": "gae", "reinforce_pp": "reinforce_pp"}.get(self.type)
+        if self.kl.mode == "reward" and self.kl.coef and advantage not in ("gae", "reinforce_pp"):
+            raise ValueError("algorithm.kl.mode='reward' needs token-level returns, i.e. an advantage the "
+                             f"trainer computes: one of ['gae', 'reinforce_pp'] (got {advantage!r}); "
+                             "use kl.mode='loss' with group advantages")
         return self
 
 

@@ -44,10 +44,13 @@ class ReinforcePP:
     def __init__(self, params: dict):
         self.params = params
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict]:
+    def __call__(self, batch: Batch, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         from streamrft.engine.algorithms import reinforce_pp
 
-        return reinforce_pp(batch.rewards, **self.params), {}
+        if kl_penalty is None:
+            return reinforce_pp(batch.rewards, **self.params), {}
+        # token-level rewards: outcome on the last token minus the per-token KL penalty
+        return reinforce_pp(outcome_token_rewards(batch) - kl_penalty, batch.mask, **self.params), {}
 
 
 class GAECritic:
@@ -59,12 +62,15 @@ class GAECritic:
         self.critic = ValueModel(cfg.model.path, cfg.model.dtype)
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=params.get("critic_lr", cfg.trainer.lr))
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict]:
+    def __call__(self, batch: Batch, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         from streamrft.engine.algorithms import gae, value_loss
 
         self.critic.train()
         values = self.critic(batch)
-        advantages, returns = gae(outcome_token_rewards(batch), values.detach(), batch.mask, self.gamma, self.lam)
+        rewards = outcome_token_rewards(batch)
+        if kl_penalty is not None:
+            rewards = rewards - kl_penalty
+        advantages, returns = gae(rewards, values.detach(), batch.mask, self.gamma, self.lam)
         loss, metrics = value_loss(values, values.detach(), returns, batch.mask, clip=self.vf_clip)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.critic.parameters(), 1.0)
@@ -95,7 +101,7 @@ class TeacherOPD:
         self.temperature = cfg.explorer.sampling.temperature or 1.0
 
     @torch.no_grad()
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict]:
+    def __call__(self, batch: Batch, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         from streamrft.engine.algorithms import opd
 
         teacher, _ = token_logprobs(self.teacher, batch, self.temperature)

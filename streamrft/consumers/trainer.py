@@ -152,7 +152,14 @@ class Trainer:
         global_tokens, global_seqs = batch.mask.sum(), (batch.mask.sum(1) > 0).sum()
         metrics: dict[str, float] = {}
         if self.batch_advantage is not None:
-            batch.advantages, extra = self.batch_advantage(batch)
+            penalty = None
+            if self.reward_kl is not None:  # KL to the reference as a per-token reward penalty
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.ref_model, batch, temperature)
+                kl = self.reward_kl(batch.old_logprobs, ref) * batch.mask
+                penalty = self.cfg.algorithm.kl.coef * kl
+                metrics["reward_kl"] = float(kl.sum() / batch.mask.sum().clamp(min=1))
+            batch.advantages, extra = self.batch_advantage(batch, penalty)
             metrics.update(extra)
         self.model.train()
         local = batch
@@ -166,7 +173,7 @@ class Trainer:
             part = local.slice(start, start + mb).to(device)
             logp, entropy = token_logprobs(self.model, part, temperature, with_entropy=self.objective.entropy_coef != 0)
             ref = None
-            if self.ref_model is not None:
+            if self.objective.kl_fn is not None:
                 with torch.no_grad():
                     ref, _ = token_logprobs(self.ref_model, part, temperature)
             loss, m = self.objective(logp, part, ref, entropy, global_tokens, global_seqs)
