@@ -7,6 +7,7 @@ producers in any language can follow it. Decoding failures raise `DecodeError` n
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from typing import Any, Literal
@@ -229,7 +230,7 @@ def topic_name(namespace: str, role: str, team: str | None = None) -> str:
 
 def rollouts_pattern(namespace: str) -> str:
     """Regex that matches every team's rollouts topic (for pattern subscriptions)."""
-    return "^" + namespace.replace(".", r"\.") + r"\.rollouts\..+"
+    return "^" + re.escape(namespace) + r"\.rollouts\..+"
 
 
 class DecodeError(ValueError):

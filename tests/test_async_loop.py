@@ -26,24 +26,12 @@ from streamrft.config import load_config
 from streamrft.infra.kafka import make_consumer, partition_ends
 from streamrft.infra.status import collect
 from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
+from tests_helpers import demo_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
 
 pytestmark = pytest.mark.slow
-
-
-def _overrides(stack, out: Path, extra: list[str] = ()) -> list[str]:
-    return [
-        "stack.embedded=false", f"kafka.bootstrap={stack.kafka.bootstrap}", f"s3.endpoint={stack.s3.endpoint}",
-        f"s3.access_key={stack.s3.access_key}", f"s3.secret_key={stack.s3.secret_key}", f"output_dir={out}",
-        f"model.path={out / 'base'}", "model.build={hidden_size: 32, layers: 1, heads: 2, seed: 0}",
-        "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {size: 200, synthetic: {min_len: 1, max_len: 3}}}]",
-        "data.synthetic={task: reverse, train_size: 300, eval_size: 20, min_len: 3, max_len: 5, seed: 0}",
-        "explorer.group_size=4", "explorer.tasks_per_batch=4", "explorer.sampling.max_new_tokens=8",
-        "trainer.batch_groups=4", "trainer.max_staleness=1", "eval.every_versions=2", "eval.max_tasks=20",
-        *extra,
-    ]
 
 
 def _read_all(kafka, topic: str) -> list:
@@ -69,7 +57,7 @@ def _committed(stack, group: str, topic: str) -> dict[int, int]:
 def test_short_run_versions_advance_and_every_trajectory_is_accounted_for(stack, tmp_path):
     steps = 4
     res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(DEMO),
-                          *_overrides(stack, tmp_path, [f"trainer.max_steps={steps}"])],
+                          *demo_overrides(stack, tmp_path, [f"trainer.max_steps={steps}"])],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     final = [l for l in res.stdout.splitlines() if l.startswith("final:")]
@@ -129,7 +117,7 @@ def test_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(stack, tmp
     from streamrft.config import dump_config
     from streamrft.launch.prepare import prepare
 
-    cfg = load_config(DEMO, _overrides(stack, tmp_path, ["trainer.max_steps=6", f"namespace=kill-{os.getpid()}-{int(time.time())}"]))
+    cfg = load_config(DEMO, demo_overrides(stack, tmp_path, ["trainer.max_steps=6", f"namespace=kill-{os.getpid()}-{int(time.time())}"]))
     cfg = prepare(cfg)
     resolved = tmp_path / "config.yaml"
     resolved.write_text(dump_config(cfg))

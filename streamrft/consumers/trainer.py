@@ -91,7 +91,12 @@ class Trainer:
         self.batch_advantage = make_batch_advantage(cfg)
         if found is not None and hasattr(self.batch_advantage, "load"):
             self.batch_advantage.load(found[0])
-        if self.objective.kl_fn is not None:
+        self.reward_kl = None
+        if cfg.algorithm.kl.coef and cfg.algorithm.kl.mode == "reward":
+            from streamrft.engine.algorithms import KL_ESTIMATORS
+
+            self.reward_kl = KL_ESTIMATORS[cfg.algorithm.kl.estimator]
+        if self.objective.kl_fn is not None or self.reward_kl is not None:
             self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype)
             self.ref_model.eval().requires_grad_(False)
         ns = cfg.namespace

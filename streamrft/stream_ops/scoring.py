@@ -1,0 +1,151 @@
+"""Scoring one RolloutGroup: rewards, group-relative advantages, the zero-variance filter, a priority.
+
+`score_group` is pure; `build_scorer(cfg)` resolves the config's names once and returns a
+`group -> ExperienceGroup | None` function. A trajectory's reward is the weighted sum of the
+configured terms (`stream_ops.rewards`), each kept in `reward_components[term]`. A term named
+`env` (no `import_path`) is not a function: it reads the trajectory's `env_reward`, the reward an
+environment producer attached; a trajectory without one makes the group a dead letter.
+Advantages come from `algorithm.advantage` (default: the algorithm preset's, grpo ->
+(r - mean) / (std + eps)) applied to the group's rewards. Batch- and token-level advantages
+(reinforce_pp, gae, opd) need more than one group: stream ops then sends zeros, the trainer
+computes them, and the zero-variance filter is off (it only makes sense under group baselines).
+Any exception in a user's reward or advantage becomes `ScoringError` naming the term and trajectory.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from streamrft.config import RunConfig
+from streamrft.schemas import ExperienceGroup, RolloutGroup
+
+ENV_TERM = "env"
+# advantage functions that take one group's rewards alone (see engine/algorithms/advantages.py)
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opmd")
+PRIORITIES = ("fifo", "reward_std", "abs_advantage")
+
+
+class ScoringError(RuntimeError):
+    """A reward or advantage function failed (raised, or returned a non-finite value) on this group."""
+
+    def __init__(self, reason: str, error_type: str = ""):
+        self.reason = reason
+        self.error_type = error_type or type(self).__name__
+        super().__init__(reason)
+
+
+@dataclass(frozen=True)
+class ResolvedReward:
+    """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`."""
+
+    name: str
+    fn: Callable[..., float] | None
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
+    traj = group.trajectories[i]
+    if term.fn is None:
+        if traj.env_reward is None:
+            raise ScoringError(f"reward term {term.name!r}: trajectory {traj.traj_id} has no env_reward")
+        return float(traj.env_reward)
+    try:
+        value = float(term.fn(traj.response_text, group.task.answer, **term.params))
+    except Exception as e:  # a user's reward can raise anything; it must not stop the stream
+        raise ScoringError(f"reward term {term.name!r} raised on trajectory {traj.traj_id}: "
+                           f"{type(e).__name__}: {e}", type(e).__name__) from e
+    if not math.isfinite(value):
+        raise ScoringError(f"reward term {term.name!r} returned {value} on trajectory {traj.traj_id}")
+    return value
+
+
+def _std(values: list[float]) -> float:
+    """Population std (a group of one has 0)."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _advantages(advantage_fn: Callable | None, params: dict, rewards: list[float]) -> list[float]:
+    if advantage_fn is None:
+        return [0.0] * len(rewards)
+    try:
+        out = advantage_fn(rewards, **params)
+        adv = [float(a) for a in (out.tolist() if hasattr(out, "tolist") else out)]
+    except Exception as e:  # a user's advantage function (import_path) can raise anything
+        raise ScoringError(f"advantage function raised: {type(e).__name__}: {e}", type(e).__name__) from e
+    if len(adv) != len(rewards) or not all(math.isfinite(a) for a in adv):
+        raise ScoringError(f"advantage function returned {adv} for rewards {rewards}")
+    return adv
+
+
+def group_priority(priority: str, rewards: list[float], advantages: list[float]) -> float:
+    """fifo -> 0 (order comes from the log), reward_std -> population std, abs_advantage -> mean |A|."""
+    if priority == "fifo":
+        return 0.0
+    if priority == "reward_std":
+        return _std(rewards)
+    if priority == "abs_advantage":
+        return sum(abs(a) for a in advantages) / len(advantages)
+    raise ValueError(f"unknown priority {priority!r}; allowed: {list(PRIORITIES)}")
+
+
+def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
+                advantage_params: dict, drop_zero_variance: bool, priority: str) -> ExperienceGroup | None:
+    """Score one group; None when its rewards are all equal and `drop_zero_variance` is on."""
+    n = len(group.trajectories)
+    components = {term.name: [_term_value(term, group, i) for i in range(n)] for term in rewards}
+    totals = [sum(term.weight * components[term.name][i] for term in rewards) for i in range(n)]
+    if drop_zero_variance and max(totals) - min(totals) <= 1e-12:
+        return None
+    advantages = _advantages(advantage_fn, advantage_params, totals)
+    return ExperienceGroup(
+        group_id=group.group_id, team=group.team, task=group.task, trajectories=group.trajectories,
+        rewards=totals, advantages=advantages, reward_components=components,
+        priority=group_priority(priority, totals, advantages),
+    )
+
+
+def resolve_rewards(cfg: RunConfig) -> list[ResolvedReward]:
+    """The config's reward terms, looked up once; labels are unique (a repeated name gets `#2`, ...)."""
+    from streamrft.stream_ops.rewards import resolve_reward
+
+    resolved: list[ResolvedReward] = []
+    seen: dict[str, int] = {}
+    for term in cfg.stream_ops.rewards:
+        label = term.import_path or term.name or ""
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            label = f"{label}#{seen[label]}"
+        fn = None if (term.name == ENV_TERM and not term.import_path) else resolve_reward(term.name, term.import_path)
+        resolved.append(ResolvedReward(label, fn, term.weight, dict(term.params)))
+    if not resolved:
+        raise ValueError("stream_ops.rewards is empty: configure at least one reward term")
+    return resolved
+
+
+def resolve_advantage(cfg: RunConfig) -> tuple[Callable | None, dict]:
+    """The group advantage function and its params; None when the trainer must compute advantages."""
+    from streamrft.engine.algorithms import ADVANTAGES, PRESETS, resolve
+
+    part = cfg.algorithm.advantage
+    if part.import_path:
+        return resolve(ADVANTAGES, None, part.import_path), dict(part.params)
+    name = part.type or PRESETS[cfg.algorithm.type]["advantage"]
+    if name not in GROUP_ADVANTAGES:
+        return None, {}
+    return resolve(ADVANTAGES, name), dict(part.params)
+
+
+def build_scorer(cfg: RunConfig) -> Callable[[RolloutGroup], ExperienceGroup | None]:
+    """Resolve rewards and advantage once; the returned function scores one group."""
+    rewards = resolve_rewards(cfg)
+    advantage_fn, params = resolve_advantage(cfg)
+    drop = cfg.stream_ops.drop_zero_variance and advantage_fn is not None
+    priority = cfg.stream_ops.priority
+
+    def scorer(group: RolloutGroup) -> ExperienceGroup | None:
+        return score_group(group, rewards, advantage_fn, params, drop, priority)
+
+    return scorer

@@ -1,0 +1,151 @@
+"""Pure scoring: hand-computed rewards, weighted mixes, advantages, the zero-variance filter, priority."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from streamrft.config import RunConfig
+from streamrft.schemas import RolloutGroup, Task, Trajectory
+from streamrft.stream_ops.rewards import REWARDS
+from streamrft.stream_ops.scoring import ResolvedReward, ScoringError, build_scorer, score_group
+
+
+def make_group(responses: list[str], answer: str | None = "4", env_rewards: list[float | None] | None = None) -> RolloutGroup:
+    task = Task(task_id="t1", prompt="2+2=", answer=answer)
+    env_rewards = env_rewards or [None] * len(responses)
+    trajs = [Trajectory(traj_id=f"x{i}", group_id="g1", task_id="t1", model_version=0, prompt_ids=[1, 2],
+                        response_ids=[3], logprobs=[-0.1], response_text=r, env_reward=e)
+             for i, (r, e) in enumerate(zip(responses, env_rewards))]
+    return RolloutGroup(group_id="g1", task=task, trajectories=trajs)
+
+
+def cfg(**sections) -> RunConfig:
+    return RunConfig.model_validate({"model": {"path": "unused"}, **sections})
+
+
+EXACT = ResolvedReward("exact_match", REWARDS["exact_match"])
+
+
+def grpo_by_hand(rewards):
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+def test_exact_match_rewards_and_grpo_advantages():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    exp = score_group(make_group(["4", "5", " 4\n", "four"]), [EXACT], ADVANTAGES["grpo"], {}, True, "reward_std")
+    assert exp.rewards == [1.0, 0.0, 1.0, 0.0]
+    assert exp.reward_components == {"exact_match": [1.0, 0.0, 1.0, 0.0]}
+    # mean 0.5, sample std sqrt(4 * 0.25 / 3) = 0.57735 -> +-0.5 / 0.57735 = +-0.86603
+    assert exp.advantages == pytest.approx([0.866025, -0.866025, 0.866025, -0.866025], abs=1e-5)
+    assert exp.priority == pytest.approx(0.5)  # population std of [1, 0, 1, 0]
+    assert [t.traj_id for t in exp.trajectories] == ["x0", "x1", "x2", "x3"]
+    assert (exp.group_id, exp.task.task_id) == ("g1", "t1")
+
+
+def test_weighted_mix_keeps_each_component():
+    terms = [ResolvedReward("exact_match", REWARDS["exact_match"], weight=0.5),
+             ResolvedReward("format", REWARDS["format"], weight=2.0, params={"pattern": r"^\d"})]
+    exp = score_group(make_group(["4", "5", "x4"]), terms, None, {}, False, "fifo")
+    assert exp.reward_components == {"exact_match": [1.0, 0.0, 0.0], "format": [1.0, 1.0, 0.0]}
+    assert exp.rewards == [2.5, 2.0, 0.0]  # 0.5 * em + 2.0 * format
+    assert exp.advantages == [0.0, 0.0, 0.0]  # no group advantage: the trainer computes it
+    assert exp.priority == 0.0
+
+
+def test_env_term_reads_env_reward_and_mixes():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    terms = [ResolvedReward("env", None, weight=1.0), EXACT]
+    exp = score_group(make_group(["4", "5", "4"], env_rewards=[0.5, 2.0, -1.0]), terms, ADVANTAGES["grpo"], {},
+                      True, "abs_advantage")
+    assert exp.reward_components["env"] == [0.5, 2.0, -1.0]
+    assert exp.rewards == [1.5, 2.0, 0.0]
+    assert exp.advantages == pytest.approx(grpo_by_hand([1.5, 2.0, 0.0]), abs=1e-5)
+    assert exp.priority == pytest.approx(sum(abs(a) for a in exp.advantages) / 3)
+
+
+def test_env_term_without_env_reward_is_an_error():
+    with pytest.raises(ScoringError, match="x1 has no env_reward"):
+        score_group(make_group(["4", "5"], env_rewards=[1.0, None]), [ResolvedReward("env", None)], None, {}, False, "fifo")
+
+
+def test_zero_variance_is_filtered_only_when_asked():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    group = make_group(["4", "4", "4"])
+    assert score_group(group, [EXACT], ADVANTAGES["grpo"], {}, True, "reward_std") is None
+    kept = score_group(group, [EXACT], ADVANTAGES["grpo"], {}, False, "reward_std")
+    assert kept.rewards == [1.0, 1.0, 1.0] and kept.advantages == [0.0, 0.0, 0.0] and kept.priority == 0.0
+
+
+def test_failing_reward_raises_scoring_error_naming_term_and_trajectory():
+    def judge(response, answer, **params):
+        if response == "5":
+            raise ZeroDivisionError("judge broke")
+        return 1.0
+
+    with pytest.raises(ScoringError) as info:
+        score_group(make_group(["4", "5"]), [ResolvedReward("judge", judge)], None, {}, False, "fifo")
+    assert info.value.error_type == "ZeroDivisionError"
+    assert "'judge'" in info.value.reason and "x1" in info.value.reason and "judge broke" in info.value.reason
+
+
+def test_failing_reward_becomes_a_dead_letter_and_good_groups_still_score():
+    from streamrft.schemas import decode, encode
+    from streamrft.stream_ops.app import route_record
+
+    def judge(response, answer, **params):
+        return 1 / len(response)  # an empty response breaks this user's reward
+
+    def scorer(group):
+        return score_group(group, [ResolvedReward("judge", judge)], None, {}, False, "fifo")
+
+    raw = encode(make_group(["4", ""]))
+    out = route_record(scorer, "ns", raw, b"g1", "ns.rollouts.default", 2, 17)
+    dead = decode(out.value)
+    assert out.kind == "dead_letter" and out.key == b"g1" and dead.kind == "dead_letter"
+    assert dead.error_type == "ZeroDivisionError" and "'judge' raised on trajectory x1" in dead.reason
+    assert (dead.source_topic, dead.source_partition, dead.source_offset, dead.value) == ("ns.rollouts.default", 2, 17, raw)
+    out = route_record(scorer, "ns", encode(make_group(["4", "12"])), b"g1", "ns.rollouts.default", 2, 18)
+    exp = decode(out.value)
+    assert out.kind == "experience" and exp.rewards == [1.0, 0.5] and exp.source_offset == 18
+
+
+def test_non_finite_reward_is_an_error():
+    with pytest.raises(ScoringError, match="returned nan"):
+        score_group(make_group(["4"]), [ResolvedReward("nan", lambda r, a: float("nan"))], None, {}, False, "fifo")
+
+
+def test_build_scorer_uses_preset_advantage_and_config():
+    scorer = build_scorer(cfg(stream_ops={"priority": "abs_advantage"}))  # grpo preset, exact_match
+    exp = scorer(make_group(["4", "5", "4", "4"]))
+    assert exp.advantages == pytest.approx(grpo_by_hand([1.0, 0.0, 1.0, 1.0]), abs=1e-5)
+    assert exp.priority == pytest.approx(0.75, abs=1e-5)  # (0.5 * 3 + 1.5) / 4
+    assert scorer(make_group(["5", "5"])) is None  # dropped by default
+
+
+def test_build_scorer_rloo_import_path_and_repeated_names():
+    c = cfg(algorithm={"advantage": {"type": "rloo"}},
+            stream_ops={"rewards": [{"name": "exact_match"}, {"name": "exact_match", "weight": 2.0},
+                                    {"import_path": "operator:eq", "weight": 0.0}]})
+    exp = build_scorer(c)(make_group(["4", "5", " 4"]))
+    assert set(exp.reward_components) == {"exact_match", "exact_match#2", "operator:eq"}
+    assert exp.reward_components["operator:eq"] == [1.0, 0.0, 0.0]  # no strip: " 4" != "4"
+    assert exp.rewards == [3.0, 0.0, 3.0]
+    # leave-one-out: r_i - mean of the others
+    assert exp.advantages == pytest.approx([3.0 - 1.5, 0.0 - 3.0, 3.0 - 1.5])
+
+
+def test_build_scorer_batch_level_advantage_sends_zeros_and_keeps_zero_variance():
+    scorer = build_scorer(cfg(algorithm={"type": "ppo"}))  # gae: the trainer computes advantages
+    exp = scorer(make_group(["4"]))
+    assert exp.rewards == [1.0] and exp.advantages == [0.0]
+
+
+def test_build_scorer_rejects_unknown_reward():
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        build_scorer(cfg(stream_ops={"rewards": [{"name": "nope"}]}))
