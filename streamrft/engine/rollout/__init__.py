@@ -1,0 +1,26 @@
+"""Rollout engines behind one interface (`base.RolloutEngine`): transformers on CPU, vLLM on GPU.
+
+`make_engine("transformers" | "vllm", model_path, **kwargs)` imports the chosen engine late, so
+importing this package pulls in neither torch nor vllm.
+"""
+from __future__ import annotations
+
+from streamrft.engine.rollout.base import Completion, RolloutEngine, SamplingParams
+
+ENGINE_TYPES = ("transformers", "vllm")
+
+
+def make_engine(type: str, model_path: str, **kwargs) -> RolloutEngine:
+    """An engine of `type` serving the HF model directory `model_path`."""
+    if type == "transformers":
+        from streamrft.engine.rollout.hf import TransformersEngine
+
+        return TransformersEngine(model_path, **kwargs)
+    if type == "vllm":
+        from streamrft.engine.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, **kwargs)
+    raise ValueError(f"unknown engine type {type!r}; allowed: {', '.join(ENGINE_TYPES)}")
+
+
+__all__ = ["Completion", "ENGINE_TYPES", "RolloutEngine", "SamplingParams", "make_engine"]

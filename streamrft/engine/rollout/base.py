@@ -1,0 +1,58 @@
+"""The rollout engine interface every engine implements (transformers on CPU, vLLM on GPU).
+
+An engine turns token-id prompts into n sampled completions each, with the behaviour log-prob of
+every generated token, and takes new weights in place between calls. Explorers talk only to this
+interface; pick an engine with `streamrft.engine.rollout.make_engine`.
+
+Log-prob convention (all engines): `Completion.logprobs[t]` is log softmax(logits_t / temperature)
+at the chosen token, i.e. the tempered distribution before any top-k / top-p truncation. With
+top_k=0 and top_p=1 (the RL default) that is exactly the distribution sampled from, and it is what
+a trainer recomputes by dividing its logits by the same temperature. Under greedy decoding
+(temperature 0) the untempered log softmax(logits_t) is reported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    """Completions per prompt."""
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    """0 = greedy decoding."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 = off."""
+    seed: int | None = None
+    """Seeds one generate call (same seed, same weights, same prompts -> same samples)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Stop on these as well as the tokenizer's EOS; the stop token is kept in `token_ids`."""
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    """Generated tokens, ending with the stop token when finish_reason == "stop"."""
+    logprobs: list[float]
+    """One per token of `token_ids`; see the module docstring for the convention."""
+    text: str
+    """Decoded `token_ids` without special tokens."""
+    finish_reason: Literal["stop", "length"]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    version: int
+    """The weight version currently loaded (0 = the initial weights)."""
+    tokenizer: Any
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """`params.n` completions for each prompt, in prompt order."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Copy `state_dict` (HF parameter names) into the live model and set `version`."""
+        ...

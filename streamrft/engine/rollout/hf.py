@@ -1,0 +1,85 @@
+"""Rollout engine on Hugging Face transformers: batched `model.generate` with the KV cache (CPU or GPU).
+
+The CPU demo's explorers use it. Prompts are left-padded into batches of at most `max_batch`
+sequences (prompts x n); each prompt is repeated n times rather than using num_return_sequences,
+so greedy decoding with n > 1 works too. Log-probs come from the raw per-step logits
+(`output_logits`), tempered here, following the convention in `base.py`.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from streamrft.engine.models import load_policy
+from streamrft.engine.rollout.base import Completion, SamplingParams
+
+
+class TransformersEngine:
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", max_batch: int = 64):
+        self.model, self.tokenizer = load_policy(model_path, dtype=dtype, device=device)
+        self.device = device
+        self.max_batch = max_batch
+        self.version = 0
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
+        per_call = max(1, self.max_batch // params.n)
+        out: list[list[Completion]] = []
+        with torch.random.fork_rng(devices=[], enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            for start in range(0, len(prompt_ids), per_call):
+                out.extend(self._generate_batch(prompt_ids[start : start + per_call], params))
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        pad_id = self.tokenizer.pad_token_id
+        stop_ids = [self.tokenizer.eos_token_id, *params.stop_token_ids]
+        width = max(len(p) for p in prompts)
+        rows = [p for p in prompts for _ in range(params.n)]
+        input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in rows], device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        greedy = params.temperature == 0
+        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        config = GenerationConfig(
+            do_sample=not greedy,
+            **sampling,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        res = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        new = res.sequences[:, width:]
+        logits = torch.stack(res.logits, dim=1).float()  # (rows, steps, vocab), raw: before any processor
+        if not greedy:
+            logits = logits / params.temperature
+        chosen = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        stop = set(stop_ids)
+        completions = []
+        for ids, lps in zip(new.tolist(), chosen.tolist()):
+            end = next((i + 1 for i, t in enumerate(ids) if t in stop), None)
+            reason = "length" if end is None else "stop"
+            ids, lps = ids[:end], lps[:end]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            completions.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason))
+        return [completions[i : i + params.n] for i in range(0, len(completions), params.n)]
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy `state_dict` into the live model in place (a tied lm_head may be left out)."""
+        own = self.model.state_dict()
+        unexpected = set(state_dict) - set(own)
+        # a tied output head shares storage with the embedding, so copying one fills both
+        given_ptrs = {own[k].data_ptr() for k in state_dict if k in own}
+        missing = {k for k in set(own) - set(state_dict) if own[k].data_ptr() not in given_ptrs}
+        if unexpected or missing:
+            raise KeyError(f"state dict does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor)
+        self.version = version

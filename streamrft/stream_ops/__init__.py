@@ -1,0 +1,1 @@
+"""Stream ops: stateless per-message scoring, advantages, filtering and priority between rollouts and experiences."""
