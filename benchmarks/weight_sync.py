@@ -57,7 +57,7 @@ def main() -> None:
             store = WeightStore(s3)
             store.ensure_bucket()
             producer = make_producer(kafka)
-            watcher = WeightsWatcher(kafka, ns, store, "policy", tmp / "cache").start()
+            watcher = WeightsWatcher(kafka, ns, store, "policy", "policy", tmp / "cache").start()
             client = make_client(s3)
             raw_file = tmp / "raw.safetensors"
             save_file(state_dict, str(raw_file))

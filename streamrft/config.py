@@ -295,6 +295,12 @@ class RunConfig(Section):
     max_wall_s: float | None = None
     """Stop the run after this many seconds (None = at trainer.max_steps)."""
 
+    @property
+    def weights_key(self) -> str:
+        """Where this run's weight versions live in the bucket: `<namespace>/<model.name>/v<N>/`,
+        so runs sharing one S3 store never overwrite each other's versions."""
+        return f"{self.namespace}/{self.model.name}"
+
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply `a.b.c=value` flags (value parsed as YAML) onto a raw config dict."""

@@ -150,7 +150,7 @@ class OfflineTrainer:
             store = WeightStore(self.cfg.s3)
             store.ensure_bucket()
             version = tc.max_steps
-            publish_state_dict(store, self.cfg.model.name, version, state,
+            publish_state_dict(store, self.cfg.weights_key, version, state,
                                meta={"step": tc.max_steps, "algorithm": self.type, "data": self.data.path})
         return {"algorithm": self.type, "steps": tc.max_steps, "losses": losses, "metrics": metrics,
                 "final_dir": str(final), "version": version}

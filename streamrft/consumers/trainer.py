@@ -204,13 +204,13 @@ class Trainer:
         if not self.is_main:
             checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, is_main=False, barrier=barrier)
             return
-        manifest = publish_state_dict(self.store, self.cfg.model.name, v, weights, meta={"step": self.state.step})
+        manifest = publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta={"step": self.state.step})
         checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, barrier=barrier)
         self.announce(manifest.sha256)
         if self.next_offsets:
             offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
             self.consumer.commit(offsets=offsets, asynchronous=False)
-        self.store.gc(self.cfg.model.name, self.tc.keep_versions)
+        self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
 
     def _write_checkpoint(self, directory: Path) -> None:
         self.engine.save(directory)
@@ -226,7 +226,7 @@ class Trainer:
 
     def announce(self, manifest_sha: str = "") -> None:
         wv = WeightVersion(model=self.cfg.model.name, version=self.state.version, bucket=self.store.bucket,
-                           prefix=self.store.prefix(self.cfg.model.name, self.state.version),
+                           prefix=self.store.prefix(self.cfg.weights_key, self.state.version),
                            manifest_sha256=manifest_sha, step=self.state.step)
         self.producer.produce(topic_name(self.cfg.namespace, "weights"), key=self.cfg.model.name.encode(), value=encode(wv))
         flush_or_raise(self.producer)

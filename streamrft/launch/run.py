@@ -52,7 +52,7 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
                          dtype=cfg.model.dtype, max_batch=cfg.explorer.engine.max_batch)
     if version is not None:
         with tempfile.TemporaryDirectory() as tmp:
-            engine.load_weights(fetch_state_dict(WeightStore(cfg.s3), cfg.model.name, version, Path(tmp)), version)
+            engine.load_weights(fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp)), version)
     tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
     return evaluate(engine, tasks, cfg.stream_ops.rewards, cfg.explorer.sampling.max_new_tokens)
 
@@ -155,7 +155,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             follower.close()
     from streamrft.infra.objectstore import WeightStore
 
-    version = WeightStore(cfg.s3).latest_version(cfg.model.name) or 0
+    version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
     eval_end = final_eval(cfg, version)
     view.evals.append((time.monotonic() - view.t0, version, eval_end))
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)

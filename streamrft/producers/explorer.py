@@ -44,7 +44,7 @@ class Explorer:
                                      temperature=ex.sampling.temperature, top_p=ex.sampling.top_p, top_k=ex.sampling.top_k)
         self.producer = make_producer(cfg.kafka)
         self.store = WeightStore(cfg.s3)
-        self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name,
+        self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
                                       Path(cfg.output_dir) / "cache" / self.id)
         self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
         self.quota = per_version_quota(cfg.trainer.max_staleness, cfg.trainer.batch_groups,

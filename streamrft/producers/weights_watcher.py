@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class WeightsWatcher:
-    def __init__(self, kafka: KafkaConfig, namespace: str, store: WeightStore, model: str, cache_dir: Path,
-                 current_version: int = 0):
+    def __init__(self, kafka: KafkaConfig, namespace: str, store: WeightStore, model: str, store_key: str,
+                 cache_dir: Path, current_version: int = 0):
         self.kafka, self.topic, self.store, self.model = kafka, topic_name(namespace, "weights"), store, model
+        self.store_key = store_key  # <namespace>/<model>: where the versions live in the bucket
         self.cache_dir = Path(cache_dir)
         self.latest_announced = current_version
         self._loaded_version = current_version
@@ -72,7 +73,7 @@ class WeightsWatcher:
                     continue
                 self.latest_announced = newest.version
                 try:
-                    state = fetch_state_dict(self.store, self.model, newest.version, self.cache_dir)
+                    state = fetch_state_dict(self.store, self.store_key, newest.version, self.cache_dir)
                 except (CorruptVersionError, S3Error, OSError) as e:
                     # a version overwritten mid-read by a restarted trainer: the next announce fixes it
                     self.fetch_errors += 1

@@ -1,0 +1,93 @@
+"""Rollout engine on vLLM (GPU): `LLM.generate` on token-id prompts, weights swapped in place.
+
+vllm is imported when an engine is built, never at module import, so this module loads on CPU
+machines. Needs vllm >= 0.10.2 (`logprobs_mode`). Written against vLLM's documented offline API
+(LLM, SamplingParams, TokensPrompt, LLM.apply_model) and checked only by the gpu-marked test.
+
+- The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vllm is
+  imported unless the caller set it), so `load_weights` reaches the live model without pickling
+  weights across processes.
+- `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after temperature scaling, the
+  convention of `base.py`. With top_k / top_p set, vLLM may report them after that truncation too;
+  with both off (the RL default) the conventions agree exactly.
+- vLLM's own tokenizer is skipped (`skip_tokenizer_init`): AutoTokenizer would load a tokenizer of
+  the model type's class, which for the demo's char tokenizer is wrong. Text is decoded here with
+  `load_tokenizer`, and EOS is passed as a stop token explicitly.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from streamrft.engine.models import load_tokenizer
+from streamrft.engine.rollout.base import Completion, SamplingParams
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cuda",
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.5,
+        max_batch: int | None = None,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ):
+        if not device.startswith("cuda"):
+            raise ValueError(f"VLLMEngine runs on CUDA devices, not {device!r}; use the transformers engine")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.tokenizer = load_tokenizer(model_path)
+        if max_batch is not None:
+            llm_kwargs.setdefault("max_num_seqs", max_batch)
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            seed=seed,
+            skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs",
+            **llm_kwargs,
+        )
+        self.version = 0
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        stop_ids = [self.tokenizer.eos_token_id, *params.stop_token_ids]
+        sp = VLLMSamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_new_tokens,
+            seed=params.seed,
+            stop_token_ids=stop_ids,
+            logprobs=1,  # the sampled token's log-prob is always among those returned
+            detokenize=False,
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sp, use_tqdm=False)
+        groups = []
+        for out in outs:  # vLLM returns outputs in prompt order
+            group = []
+            for o in out.outputs:
+                ids = list(o.token_ids)
+                lps = [o.logprobs[i][tok].logprob for i, tok in enumerate(ids)]
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                reason = "stop" if o.finish_reason == "stop" else "length"
+                group.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason))
+            groups.append(group)
+        return groups
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load HF-named tensors into the live model (vLLM fuses qkv / gate_up itself), then drop
+        the prefix cache, whose KV entries were computed with the old weights."""
+        weights = list(state_dict.items())
+        self.llm.apply_model(lambda model: model.load_weights(weights))
+        self.llm.reset_prefix_cache()
+        self.version = version

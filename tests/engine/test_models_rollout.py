@@ -1,0 +1,125 @@
+"""Model building/loading, the transformers rollout engine and the SFT warm-up, on a tiny Qwen2."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from streamrft.engine.models import (  # noqa: E402
+    SPECIAL_TOKENS,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_policy,
+    load_tokenizer,
+    state_dict_to_cpu,
+)
+from streamrft.engine.rollout import SamplingParams, make_engine  # noqa: E402
+from streamrft.engine.rollout.hf import TransformersEngine  # noqa: E402
+from streamrft.engine.sft import _batch, sft_warmup  # noqa: E402
+from streamrft.producers.synthetic import ALPHABET  # noqa: E402
+
+PROMPTS = ["rev abc=", "rev hgfedc=", "rev a="]  # different lengths: exercises left padding
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(path, build_char_tokenizer(ALPHABET), hidden_size=32, layers=2, heads=4, seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    torch.set_num_threads(1)
+    return TransformersEngine(str(model_dir), max_batch=8)
+
+
+def _ids(engine, texts):
+    return [engine.tokenizer(t).input_ids for t in texts]
+
+
+def test_char_tokenizer_round_trip(tmp_path):
+    tok = build_char_tokenizer("cab ", tmp_path)
+    assert tok.convert_ids_to_tokens([0, 1, 2, 3]) == list(SPECIAL_TOKENS)
+    ids = tok("ab c").input_ids
+    assert ids[0] == tok.bos_token_id and len(ids) == 5  # BOS + one id per character, space included
+    assert tok.decode(ids, skip_special_tokens=True) == "ab c"
+    assert tok("z", add_special_tokens=False).input_ids == [tok.unk_token_id]
+    loaded = load_tokenizer(tmp_path)
+    assert loaded("ab c").input_ids == ids
+    assert (loaded.pad_token_id, loaded.eos_token_id, loaded.padding_side) == (0, 2, "left")
+
+
+def test_tiny_model_saves_and_loads(model_dir):
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in model_dir.iterdir()}
+    model, tok = load_policy(model_dir)
+    # a Qwen2 config must not make AutoTokenizer swap in Qwen2Tokenizer (which drops spaces)
+    assert tok.decode(tok("rev ab=").input_ids, skip_special_tokens=True) == "rev ab="
+    again, _ = load_policy(model_dir)
+    ids = torch.tensor([tok("rev abc=").input_ids])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again(ids).logits)
+    assert model.config.vocab_size == len(tok) and model.config.tie_word_embeddings
+
+
+def test_engine_logprobs_match_teacher_forcing(engine):
+    prompts = _ids(engine, PROMPTS)
+    temperature = 0.7
+    out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, temperature=temperature, seed=1))
+    assert [len(group) for group in out] == [3, 3, 3]
+    for prompt, group in zip(prompts, out):
+        for c in group:
+            assert len(c.token_ids) == len(c.logprobs) >= 1
+            ends_on_eos = c.token_ids[-1] == engine.tokenizer.eos_token_id
+            assert c.finish_reason == ("stop" if ends_on_eos else "length")
+            assert engine.tokenizer.eos_token_id not in c.token_ids[:-1]
+            assert c.text == engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            seq = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logits = engine.model(seq).logits[0, len(prompt) - 1 : -1] / temperature
+            expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+
+
+def test_greedy_is_deterministic_and_seed_repeats(engine):
+    prompts = _ids(engine, PROMPTS)
+    greedy = SamplingParams(n=2, max_new_tokens=6, temperature=0)
+    a, b = engine.generate(prompts, greedy), engine.generate(prompts, greedy)
+    assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+    assert all(g[0].token_ids == g[1].token_ids for g in a)  # n greedy copies agree
+    sampled = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, seed=7)
+    x, y = engine.generate(prompts, sampled), engine.generate(prompts, sampled)
+    assert [[c.token_ids for c in g] for g in x] == [[c.token_ids for c in g] for g in y]
+
+
+def test_load_weights_changes_outputs(model_dir):
+    eng = TransformersEngine(str(model_dir), max_batch=8)
+    prompts = _ids(eng, PROMPTS)
+    greedy = SamplingParams(n=1, max_new_tokens=6, temperature=0)
+    before = eng.generate(prompts, greedy)
+    gen = torch.Generator().manual_seed(0)
+    new = {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in state_dict_to_cpu(eng.model).items()}
+    new.pop("lm_head.weight", None)  # tied to the embedding: may be left out
+    eng.load_weights(new, version=3)
+    after = eng.generate(prompts, greedy)
+    assert eng.version == 3
+    assert [g[0].logprobs for g in before] != [g[0].logprobs for g in after]
+    assert torch.equal(eng.model.state_dict()["model.norm.weight"], new["model.norm.weight"])
+    with pytest.raises(KeyError):
+        eng.load_weights({"not.a.param": torch.zeros(1)}, version=4)
+
+
+def test_make_engine_names():
+    with pytest.raises(ValueError, match="transformers"):
+        make_engine("nope", "/tmp/x")
+
+
+def test_sft_warmup_learns_completion_only(model_dir):
+    model, tok = load_policy(model_dir)
+    pairs = [("rev ab=", "ba"), ("rev cde=", "edc")]
+    losses = sft_warmup(model, tok, pairs, steps=40, batch_size=4, lr=3e-3, seed=0)
+    assert len(losses) == 40 and losses[-1] < 0.5 * losses[0]
+    # the prompt is masked: only completion tokens (and EOS) count towards the loss
+    ids, mask, labels = _batch(tok, [("rev ab=", "ba")])
+    assert (labels != -100).sum().item() == 3
+    assert labels[0, -3:].tolist() == tok("ba", add_special_tokens=False).input_ids + [tok.eos_token_id]
