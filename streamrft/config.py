@@ -145,6 +145,8 @@ class ExplorerConfig(Section):
     tasks_per_batch: int = 4
     """Tasks generated in one engine call."""
     workflow: Literal["single_turn"] = "single_turn"
+    chat_template: bool = False
+    """Render each prompt as a user turn with the tokenizer's chat template (instruct models)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     torch_threads: int = 1

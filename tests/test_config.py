@@ -138,8 +138,6 @@ def test_reward_term_needs_a_name(inline_yaml):
         load_config(inline_yaml, ["stream_ops.rewards=[{weight: 1.0}]"])
 
 
-@pytest.mark.xfail(reason="PyYAML (YAML 1.1) reads 1e-6 as a string; typed fields coerce it, `params` do not",
-                   strict=False)
 def test_exponent_float_in_free_form_params(inline_yaml):
     cfg = load_config(inline_yaml, ["algorithm.advantage.params.eps=1e-6"])
     assert cfg.algorithm.advantage.params["eps"] == pytest.approx(1e-6)

@@ -20,19 +20,28 @@ class RunView:
     evals: list[tuple[float, int, float]] = field(default_factory=list)  # (wall_s, version, reward)
     train_rewards: list[tuple[float, int, float]] = field(default_factory=list)
 
-    def line(self, lag: int | None = None) -> str:
+    lag: dict[str, int] = field(default_factory=dict)  # consumer group -> records behind
+
+    def line(self) -> str:
         t = self.trainer
         traj = sum(e.get("trajectories", 0) for e in self.explorers.values())
         rate = sum(e.get("traj_per_s", 0) for e in self.explorers.values())
         ev = f"{self.evals[-1][2]:.3f}@v{self.evals[-1][1]}" if self.evals else "-"
         return (f"[{time.monotonic() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
                 f"eval {ev:>11}  train_reward {t.get('reward_mean', float('nan')):.3f}  "
-                f"staleness {t.get('staleness_mean', float('nan')):.2f}  lag {lag if lag is not None else '-'}  "
+                f"staleness {t.get('staleness_mean', float('nan')):.2f}  lag {self._lag()}  "
                 f"trajectories {int(traj)} ({rate:.1f}/s)")
+
+
+    def _lag(self) -> str:
+        if not self.lag:
+            return "-"
+        return "/".join(str(self.lag.get(role, "-")) for role in ("stream-ops", "trainer")) + " (score/train)"
 
 
 class MetricsFollower:
     def __init__(self, kafka: KafkaConfig, namespace: str, logdir: str | None = None):
+        self.kafka, self.namespace = kafka, namespace
         self.consumer = make_consumer(kafka, None)
         self.consumer.assign([TopicPartition(topic_name(namespace, "metrics"), 0, 0)])
         self.view = RunView()
@@ -64,6 +73,18 @@ class MetricsFollower:
                 for k, v in m.values.items():
                     self.writer.add_scalar(f"{m.role}/{k}", v, m.step)
         return self.view
+
+    def measure_lag(self) -> None:
+        """Committed-offset lag of the stream-ops and trainer groups (true end offsets)."""
+        from streamrft.infra.status import group_lags, topic_ends
+
+        topics = topic_ends(self.kafka, self.namespace + ".")
+        lag: dict[str, int] = {}
+        for g in group_lags(self.kafka, topics):
+            role = g.group.removeprefix(self.namespace + ".")
+            if role in ("stream-ops", "trainer"):  # stream ops read one topic per team: sum them
+                lag[role] = lag.get(role, 0) + g.total_lag
+        self.view.lag = lag
 
     def close(self) -> None:
         self.consumer.close()

@@ -42,19 +42,19 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
     """Greedy eval reward of `version` (None = the prepared initial model), fetched from S3 and verified."""
     import tempfile
 
-    from streamrft.engine.rollout import make_engine
+    from streamrft.engine.rollout import engine_from_config
     from streamrft.engine.weights import fetch_state_dict
     from streamrft.infra.objectstore import WeightStore
     from streamrft.producers.evaluate import evaluate
     from streamrft.producers.tasks import load_task_file
 
-    engine = make_engine(cfg.explorer.engine.type, cfg.model.path, device=cfg.explorer.engine.device,
-                         dtype=cfg.model.dtype, max_batch=cfg.explorer.engine.max_batch)
+    engine = engine_from_config(cfg)
     if version is not None:
         with tempfile.TemporaryDirectory() as tmp:
             engine.load_weights(fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp)), version)
     tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-    return evaluate(engine, tasks, cfg.stream_ops.rewards, cfg.explorer.sampling.max_new_tokens)
+    return evaluate(engine, tasks, cfg.stream_ops.rewards, cfg.explorer.sampling.max_new_tokens,
+                    cfg.explorer.chat_template)
 
 
 def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tuple[float, int, float]]) -> None:
@@ -127,7 +127,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             procs[f"explorer-{i}"] = _spawn(["explore", str(resolved), "--index", str(i)], logs / f"explorer-{i}.log")
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
         follower.view.evals.append((0.0, 0, eval_start))
-        last_line = 0.0
+        last_line, lag_tick = 0.0, 0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
         while procs["trainer"].poll() is None:
             view = follower.poll(0.5)
@@ -136,6 +136,9 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
                     raise RuntimeError(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}")
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
+                lag_tick += 1
+                if lag_tick % 3 == 0:
+                    follower.measure_lag()
                 print(view.line(), flush=True)
             if deadline and time.monotonic() > deadline:
                 print(f"max_wall_s={cfg.max_wall_s} reached: stopping", flush=True)

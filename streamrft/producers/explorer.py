@@ -31,15 +31,14 @@ class Explorer:
     def __init__(self, cfg: RunConfig, index: int, stop: threading.Event | None = None):
         import torch
 
-        from streamrft.engine.rollout import SamplingParams, make_engine
+        from streamrft.engine.rollout import SamplingParams, engine_from_config
 
         torch.set_num_threads(cfg.explorer.torch_threads)
         self.cfg, self.index = cfg, index
         self.id = f"explorer-{index}-{os.getpid()}"
         self.stop = stop or threading.Event()
         ex = cfg.explorer
-        self.engine = make_engine(ex.engine.type, cfg.model.path, device=ex.engine.device, dtype=cfg.model.dtype,
-                                  max_batch=ex.engine.max_batch)
+        self.engine = engine_from_config(cfg)
         self.params = SamplingParams(n=ex.group_size, max_new_tokens=ex.sampling.max_new_tokens,
                                      temperature=ex.sampling.temperature, top_p=ex.sampling.top_p, top_k=ex.sampling.top_k)
         self.producer = make_producer(cfg.kafka)
@@ -64,7 +63,8 @@ class Explorer:
         if not self.eval_tasks or v in evaluated or v % self.cfg.eval.every_versions:
             return
         evaluated.add(v)
-        score = evaluate(self.engine, self.eval_tasks, self.cfg.stream_ops.rewards, self.cfg.explorer.sampling.max_new_tokens)
+        score = evaluate(self.engine, self.eval_tasks, self.cfg.stream_ops.rewards,
+                         self.cfg.explorer.sampling.max_new_tokens, self.cfg.explorer.chat_template)
         self._metric({"eval_reward": score, "version": v}, role="eval")
         log.info("eval v%d: %.3f", v, score)
 
@@ -99,7 +99,7 @@ class Explorer:
                 batch = [next(tasks) for _ in range(min(ex.tasks_per_batch, self.quota - started))]
                 t0 = time.monotonic()
                 groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
-                                  producer_id=self.id)
+                                  producer_id=self.id, chat=ex.chat_template)
                 self.stats["generate_s"] += time.monotonic() - t0
                 for g in groups:
                     self.producer.produce(self.topic, key=g.group_id.encode(), value=encode(g))

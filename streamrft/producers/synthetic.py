@@ -3,7 +3,8 @@
 A tiny char-level model learns it by GRPO in minutes on two cores; the reward is
 `streamrft.stream_ops.rewards.reverse` (per-position partial credit, 1.0 on an exact match).
 Train and eval strings are disjoint by a stable hash of the string, so the held-out eval set
-never leaks into training whatever the seeds. Write files with `write_jsonl(make_demo_tasks(...))`.
+never leaks into training whatever the seeds. Write files with `write_jsonl(make_demo_tasks(...))`;
+`make_warmup_pairs` gives the SFT warm-up's (prompt, completion) pairs.
 """
 from __future__ import annotations
 

@@ -11,13 +11,20 @@ from streamrft.engine.rollout.base import RolloutEngine, SamplingParams
 from streamrft.schemas import RolloutGroup, Task, Trajectory, new_id
 
 
-def encode_prompt(tokenizer, task: Task) -> list[int]:
-    return task.prompt_ids or tokenizer(task.prompt)["input_ids"]
+def encode_prompt(tokenizer, task: Task, chat: bool = False) -> list[int]:
+    """The task's token ids: given, or the prompt as a user turn of the chat template, or plain."""
+    if task.prompt_ids:
+        return task.prompt_ids
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(task.prompt)["input_ids"]
 
 
 def single_turn(engine: RolloutEngine, tasks: list[Task], params: SamplingParams, *, version: int,
-                team: str, producer_id: str = "") -> list[RolloutGroup]:
-    prompts = [encode_prompt(engine.tokenizer, t) for t in tasks]
+                team: str, producer_id: str = "", chat: bool = False) -> list[RolloutGroup]:
+    prompts = [encode_prompt(engine.tokenizer, t, chat) for t in tasks]
     outputs = engine.generate(prompts, params)
     groups = []
     for task, prompt, completions in zip(tasks, prompts, outputs):

@@ -23,4 +23,11 @@ def make_engine(type: str, model_path: str, **kwargs) -> RolloutEngine:
     raise ValueError(f"unknown engine type {type!r}; allowed: {', '.join(ENGINE_TYPES)}")
 
 
-__all__ = ["Completion", "ENGINE_TYPES", "RolloutEngine", "SamplingParams", "make_engine"]
+def engine_from_config(cfg) -> RolloutEngine:
+    """The rollout engine a RunConfig's `explorer.engine` section describes, serving `model.path`."""
+    e = cfg.explorer.engine
+    extra = {"gpu_memory_utilization": e.gpu_memory_utilization} if e.type == "vllm" else {}
+    return make_engine(e.type, cfg.model.path, device=e.device, dtype=cfg.model.dtype, max_batch=e.max_batch, **extra)
+
+
+__all__ = ["engine_from_config", "Completion", "ENGINE_TYPES", "RolloutEngine", "SamplingParams", "make_engine"]
