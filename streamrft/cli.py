@@ -149,6 +149,15 @@ def cmd_run(args) -> int:
     return run(args.config, args.overrides)
 
 
+def cmd_feed(args) -> int:
+    from streamrft.producers.feeder import feed_tasks
+
+    cfg = _role_config(args)
+    n = feed_tasks(cfg, args.file, args.epochs)
+    print(f"fed {n} tasks to {cfg.namespace}.tasks")
+    return 0
+
+
 def cmd_explore(args) -> int:
     _logging()
     from streamrft.producers.explorer import run_explorer
@@ -210,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="build the model, data and warm-up stages a config names (idempotent)")
     _config_args(p)
     p.set_defaults(fn=cmd_prepare)
+    p = sub.add_parser("feed", help="publish a dataset file's rows as tasks on the run's tasks topic")
+    _config_args(p)
+    p.add_argument("--file", default=None, help="JSONL/Parquet of tasks (default: data.train)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.set_defaults(fn=cmd_feed)
     p = sub.add_parser("explore", help="run one explorer")
     _config_args(p)
     p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
