@@ -21,7 +21,8 @@ from streamrft.schemas import topic_name
 
 
 def client_conf(cfg: KafkaConfig) -> dict:
-    conf = {"bootstrap.servers": cfg.bootstrap, "security.protocol": cfg.security_protocol}
+    # log_level 4: warnings and errors only (librdkafka's info lines are noise in role logs)
+    conf = {"bootstrap.servers": cfg.bootstrap, "security.protocol": cfg.security_protocol, "log_level": 4}
     if cfg.sasl_mechanism:
         conf.update({"sasl.mechanism": cfg.sasl_mechanism, "sasl.username": cfg.username or "",
                      "sasl.password": cfg.password or ""})

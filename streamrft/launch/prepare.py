@@ -42,12 +42,18 @@ def prepare_model(cfg: RunConfig) -> None:
 
 
 def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
+    """A stage's (prompt, completion) pairs: a JSONL `path`, or the synthetic task's warm-up pairs
+    (`complete_frac` of them with the full answer, the rest with only its first letter)."""
+    from streamrft.producers.synthetic import make_warmup_pairs
+
     data = stage.data
     if "path" in data:
         rows = [json.loads(line) for line in Path(data["path"]).read_text().splitlines() if line.strip()]
         return [(r["prompt"], r["completion"]) for r in rows]
     spec = {**(cfg.data.synthetic or {}), **data.get("synthetic", {})}
-    return [(r["prompt"], r["answer"]) for r in _synthetic_rows(spec, "train", data.get("size", 500))]
+    lens = {k: spec[k] for k in ("min_len", "max_len") if k in spec}
+    return make_warmup_pairs(data.get("size", 500), seed=data.get("seed", 0),
+                             complete_frac=data.get("complete_frac", 1.0), **lens)
 
 
 def run_stages(cfg: RunConfig, out: Path) -> None:

@@ -1,6 +1,7 @@
 """The live view of a run: reads the metrics topic, keeps the latest figures, logs TensorBoard."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -10,28 +11,28 @@ from streamrft.config import KafkaConfig
 from streamrft.infra.kafka import make_consumer
 from streamrft.schemas import DecodeError, Metric, decode, topic_name
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RunView:
-    t0: float = field(default_factory=time.monotonic)
+    t0: float = field(default_factory=time.time)  # wall clock; metrics are placed by their created_at
     trainer: dict[str, float] = field(default_factory=dict)
     explorers: dict[str, dict[str, float]] = field(default_factory=dict)
     stream_ops: dict[str, dict[str, float]] = field(default_factory=dict)
     evals: list[tuple[float, int, float]] = field(default_factory=list)  # (wall_s, version, reward)
     train_rewards: list[tuple[float, int, float]] = field(default_factory=list)
-
-    lag: dict[str, int] = field(default_factory=dict)  # consumer group -> records behind
+    lag: dict[str, int] = field(default_factory=dict)  # role -> records behind its committed offsets
 
     def line(self) -> str:
         t = self.trainer
         traj = sum(e.get("trajectories", 0) for e in self.explorers.values())
         rate = sum(e.get("traj_per_s", 0) for e in self.explorers.values())
         ev = f"{self.evals[-1][2]:.3f}@v{self.evals[-1][1]}" if self.evals else "-"
-        return (f"[{time.monotonic() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
+        return (f"[{time.time() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
                 f"eval {ev:>11}  train_reward {t.get('reward_mean', float('nan')):.3f}  "
                 f"staleness {t.get('staleness_mean', float('nan')):.2f}  lag {self._lag()}  "
                 f"trajectories {int(traj)} ({rate:.1f}/s)")
-
 
     def _lag(self) -> str:
         if not self.lag:
@@ -59,7 +60,7 @@ class MetricsFollower:
                 m = decode(msg.value(), Metric)
             except DecodeError:
                 continue
-            now = time.monotonic() - self.view.t0
+            now = m.created_at - self.view.t0
             if m.role == "trainer":
                 self.view.trainer = {**m.values, "step": m.step}
                 self.view.train_rewards.append((now, m.step, m.values.get("reward_mean", 0.0)))
@@ -74,6 +75,21 @@ class MetricsFollower:
                     self.writer.add_scalar(f"{m.role}/{k}", v, m.step)
         return self.view
 
+    def start_lag_thread(self, every_s: float = 15.0) -> None:
+        """Measure lag in the background: reading to the true end offsets can take seconds."""
+        import threading
+
+        self._stop = threading.Event()
+
+        def loop() -> None:
+            while not self._stop.wait(every_s):
+                try:
+                    self.measure_lag()
+                except Exception as e:  # a broker hiccup must not end the progress view
+                    log.warning("lag measurement failed: %s", e)
+
+        threading.Thread(target=loop, name="lag", daemon=True).start()
+
     def measure_lag(self) -> None:
         """Committed-offset lag of the stream-ops and trainer groups (true end offsets)."""
         from streamrft.infra.status import group_lags, topic_ends
@@ -87,6 +103,8 @@ class MetricsFollower:
         self.view.lag = lag
 
     def close(self) -> None:
+        if hasattr(self, "_stop"):
+            self._stop.set()
         self.consumer.close()
         if self.writer is not None:
             self.writer.close()

@@ -127,7 +127,8 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             procs[f"explorer-{i}"] = _spawn(["explore", str(resolved), "--index", str(i)], logs / f"explorer-{i}.log")
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
         follower.view.evals.append((0.0, 0, eval_start))
-        last_line, lag_tick = 0.0, 0
+        follower.start_lag_thread()
+        last_line = 0.0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
         while procs["trainer"].poll() is None:
             view = follower.poll(0.5)
@@ -136,9 +137,6 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
                     raise RuntimeError(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}")
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
-                lag_tick += 1
-                if lag_tick % 3 == 0:
-                    follower.measure_lag()
                 print(view.line(), flush=True)
             if deadline and time.monotonic() > deadline:
                 print(f"max_wall_s={cfg.max_wall_s} reached: stopping", flush=True)
@@ -160,7 +158,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
 
     version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
     eval_end = final_eval(cfg, version)
-    view.evals.append((time.monotonic() - view.t0, version, eval_end))
+    view.evals.append((time.time() - view.t0, version, eval_end))
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = int(sum(e.get("trajectories", 0) for e in view.explorers.values()))
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
