@@ -180,6 +180,14 @@ def cmd_train(args) -> int:
     return run_trainer(cfg) if code is None else code
 
 
+def cmd_replay(args) -> int:
+    args.overrides = [*args.overrides, f"trainer.replay.namespace={args.source}",
+                      f"trainer.replay.from_offset={args.from_offset}"]
+    if args.from_timestamp_ms is not None:
+        args.overrides.append(f"trainer.replay.from_timestamp_ms={args.from_timestamp_ms}")
+    return cmd_train(args)
+
+
 def cmd_score(args) -> int:
     _logging()
     from streamrft.stream_ops.cli_entry import cmd_score as score
@@ -228,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
     p.set_defaults(fn=cmd_explore)
+    p = sub.add_parser("replay", help="train on a retained experiences topic of another run, to its end")
+    _config_args(p)
+    p.add_argument("--source", required=True, help="namespace of the run whose experiences are replayed")
+    p.add_argument("--from-offset", type=int, default=0)
+    p.add_argument("--from-timestamp-ms", type=int, default=None)
+    p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(fn=cmd_replay)
     p = sub.add_parser("score", help="run one stream-ops worker (validate, score, advantages)")
     _config_args(p)
     p.set_defaults(fn=cmd_score)

@@ -240,6 +240,17 @@ class DeepSpeedConfig(Section):
     """Extra DeepSpeed config merged over the generated one."""
 
 
+class ReplayConfig(Section):
+    """Train offline by replaying a retained experiences topic (another run's durable log)."""
+
+    namespace: str
+    """The namespace of the run whose `<namespace>.experiences` topic is replayed."""
+    from_offset: int = 0
+    """Start every partition at this offset..."""
+    from_timestamp_ms: int | None = None
+    """...or at the first record at or after this time (epoch ms), when set."""
+
+
 class TrainerConfig(Section):
     engine: Literal["torch", "deepspeed"] = "torch"
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
@@ -261,6 +272,9 @@ class TrainerConfig(Section):
     """Default: <output_dir>/trainer."""
     torch_threads: int = 1
     seed: int = 0
+    replay: ReplayConfig | None = None
+    """Replay a retained topic instead of following this run's experiences: no staleness rule
+    (the samples come from another run's versions), stop at the topic's end."""
 
 
 class EvalConfig(Section):

@@ -13,8 +13,9 @@ def staleness(trainer_version: int, model_version: int) -> int:
     return trainer_version - model_version
 
 
-def is_fresh(trainer_version: int, model_version: int, max_staleness: int) -> bool:
-    return 0 <= staleness(trainer_version, model_version) <= max_staleness
+def is_fresh(trainer_version: int, model_version: int, max_staleness: int | None) -> bool:
+    """None = no staleness rule (replaying another run's log)."""
+    return max_staleness is None or 0 <= staleness(trainer_version, model_version) <= max_staleness
 
 
 @dataclass
@@ -27,7 +28,9 @@ class SeenWindow:
     def add(self, traj_id: str, model_version: int) -> None:
         self.ids[traj_id] = model_version
 
-    def prune(self, trainer_version: int, max_staleness: int) -> None:
+    def prune(self, trainer_version: int, max_staleness: int | None) -> None:
+        if max_staleness is None:
+            return  # replay: every id stays relevant until the end of the log
         oldest = trainer_version - max_staleness
         self.ids = {k: v for k, v in self.ids.items() if v >= oldest}
 
@@ -44,7 +47,8 @@ class Counts:
         return dict(self.__dict__)
 
 
-def admit_trajectories(trajs, trainer_version: int, max_staleness: int, seen: SeenWindow, counts: Counts) -> list[int]:
+def admit_trajectories(trajs, trainer_version: int, max_staleness: int | None, seen: SeenWindow,
+                       counts: Counts) -> list[int]:
     """Indices of `trajs` to train on now; counts the rest as stale or duplicate."""
     keep, batch_ids = [], set()
     for i, t in enumerate(trajs):

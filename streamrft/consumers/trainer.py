@@ -100,7 +100,10 @@ class Trainer:
             self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype)
             self.ref_model.eval().requires_grad_(False)
         ns = cfg.namespace
-        self.topic = topic_name(ns, "experiences")
+        self.replay = self.tc.replay
+        self.max_staleness = None if self.replay else self.tc.max_staleness
+        self.topic = topic_name(self.replay.namespace if self.replay else ns, "experiences")
+        self.replay_end: dict[str, int] | None = None
         self.is_main = getattr(self.engine, "is_main", True)
         self.world = getattr(self.engine, "world", 1)
         self.pending: list = []
@@ -111,6 +114,28 @@ class Trainer:
             self.producer = make_producer(cfg.kafka)
             self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
             self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+            if self.replay:
+                self._start_replay()
+
+    def _start_replay(self) -> None:
+        """Fix the end of the replayed log now, and where each partition starts (fresh runs)."""
+        from streamrft.infra.kafka import partition_ends
+
+        ends = partition_ends(self.cfg.kafka, self.topic)
+        self.replay_end = {f"{self.topic}:{e.partition}": e.end for e in ends}
+        if self.next_offsets:
+            return  # resumed: the checkpoint knows where we are
+        starts = {f"{self.topic}:{e.partition}": max(e.start, self.replay.from_offset) for e in ends}
+        if self.replay.from_timestamp_ms is not None:
+            asked = [TopicPartition(self.topic, e.partition, self.replay.from_timestamp_ms) for e in ends]
+            for tp in self.consumer.offsets_for_times(asked, timeout=10):
+                # -1: nothing at or after that time in this partition
+                starts[f"{tp.topic}:{tp.partition}"] = tp.offset if tp.offset >= 0 else self.replay_end[f"{tp.topic}:{tp.partition}"]
+        self.next_offsets = starts
+
+    def _replay_done(self) -> bool:
+        return self.replay_end is not None and not self.pending and all(
+            self.next_offsets.get(k, 0) >= end for k, end in self.replay_end.items())
 
     def _on_assign(self, consumer, partitions):
         # the checkpoint, not the group's committed offset, is the authority on where to resume
@@ -134,6 +159,8 @@ class Trainer:
         while groups < self.tc.batch_groups:
             if self.stop.is_set():
                 return None
+            if self._replay_done():
+                return samples or None  # the log's end: train on what is left, then stop
             if not self.pending:
                 self.pending = [m for m in self.consumer.consume(64, timeout=0.5) if m.error() is None]
                 continue
@@ -144,7 +171,7 @@ class Trainer:
             except DecodeError as e:
                 self._dead_letter(msg, e)
                 continue
-            keep = admit_trajectories(eg.trajectories, self.state.version, self.tc.max_staleness, self.seen, self.counts)
+            keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen, self.counts)
             if keep:
                 groups += 1
                 samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
@@ -198,7 +225,7 @@ class Trainer:
 
         v = self.state.version
         weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
-        self.seen.prune(v, self.tc.max_staleness)
+        self.seen.prune(v, self.max_staleness)
         self.state.seen, self.state.offsets, self.state.counts = dict(self.seen.ids), dict(self.next_offsets), self.counts.as_dict()
         barrier = getattr(self.engine, "barrier", lambda: None)
         if not self.is_main:
@@ -261,7 +288,7 @@ class Trainer:
                 self.seen.add(t.traj_id, t.model_version)
                 self.trained_since_ckpt.append(t.traj_id)
             self.counts.trained += len(samples)
-            self.counts.groups_trained += self.tc.batch_groups
+            self.counts.groups_trained += len({t.group_id for t, _, _ in samples})
             self.state.step += 1
             if self.state.step % self.tc.sync_interval == 0:
                 self.state.version += 1
@@ -271,6 +298,9 @@ class Trainer:
             self.metric(metrics)
             log.info("step %d v%d loss %.4f reward %.3f", self.state.step, self.state.version,
                      metrics.get("loss", 0.0), metrics["reward_mean"])
+        if self.replay and self.state.step % self.tc.sync_interval:
+            self.state.version += 1  # the end of the log: publish the steps since the last version
+            self.publish()
         if self.is_main:
             flush_or_raise(self.producer)
             self.consumer.close()
