@@ -170,3 +170,33 @@ def test_synchronous_on_policy_mode_is_the_same_machinery(stack, tmp_path):
                 for t in decode(m.value(), ExperienceGroup).trajectories}
     for v, ids in audit.items():  # the step that produced version v trained on version v-1's samples only
         assert ids and {versions[i] for i in ids} == {v - 1}
+
+
+def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path):
+    from streamrft.infra.stack import free_ports, pid_alive
+
+    ports = free_ports()
+    args = [f"stack.data_dir={tmp_path / 'stack'}", f"stack.kafka_port={ports['kafka_port']}",
+            f"stack.s3_port={ports['s3_port']}", f"stack.weed_port_base={ports['weed_port_base']}",
+            f"output_dir={tmp_path / 'out'}", f"model.path={tmp_path / 'base'}",
+            "model.build={hidden_size: 32, layers: 1, heads: 2, seed: 0}", "stages=[]",
+            "data.synthetic={task: reverse, train_size: 100, eval_size: 10, seed: 0}", "eval.max_tasks=10"]
+    proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "run", str(DEMO), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # wait until the roles run and the first progress line is out
+        lines.append(line)
+        if line.startswith("[") and "step" in line:
+            break
+    roles = json.loads(next((tmp_path / "out").glob("*/roles.json")).read_text())
+    stack = json.loads((tmp_path / "stack" / "stack.json").read_text())
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + out
+    assert "interrupted" in out and "stack down" in out
+    pids = list(roles.values()) + [p["pid"] for p in stack["procs"].values()]
+    assert len(pids) == 4 + 2  # trainer, stream ops, 2 explorers; weed, tansu
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(pid_alive(p) for p in pids)

@@ -8,6 +8,7 @@ config), shows a live progress line, and stops everything at the end or on Ctrl-
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -125,6 +126,8 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         procs["stream-ops"] = _spawn(["score", str(resolved)], logs / "stream-ops.log")
         for i in range(cfg.explorer.num_explorers):
             procs[f"explorer-{i}"] = _spawn(["explore", str(resolved), "--index", str(i)], logs / f"explorer-{i}.log")
+        # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
+        (out / "roles.json").write_text(json.dumps({name: p.pid for name, p in procs.items()}, indent=1))
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
         follower.view.evals.append((0.0, 0, eval_start))
         follower.start_lag_thread()
