@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -153,6 +154,20 @@ class Trainer:
         self.producer.produce(topic_name(self.cfg.namespace, "dlq"), key=msg.key(), value=encode(dl))
         self.counts.dead_lettered += 1
 
+    def _check_fits_model(self, eg: ExperienceGroup) -> None:
+        """Data the model cannot take becomes a dead letter instead of crashing the step."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        max_len = getattr(self.model.config, "max_position_embeddings", None)
+        for t in eg.trajectories:
+            top = max(t.prompt_ids + t.response_ids)
+            if top >= vocab:
+                raise ValueError(f"trajectory {t.traj_id}: token id {top} >= the model's vocabulary size {vocab}")
+            if max_len and len(t.prompt_ids) + len(t.response_ids) > max_len:
+                raise ValueError(f"trajectory {t.traj_id}: {len(t.prompt_ids) + len(t.response_ids)} tokens "
+                                 f"> the model's {max_len} positions")
+        if not all(math.isfinite(x) for x in (*eg.rewards, *eg.advantages)):
+            raise ValueError(f"group {eg.group_id}: non-finite reward or advantage")
+
     def collect(self) -> list[tuple] | None:
         """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped."""
         samples, groups = [], 0
@@ -168,7 +183,8 @@ class Trainer:
             self.next_offsets[f"{msg.topic()}:{msg.partition()}"] = msg.offset() + 1
             try:
                 eg = decode(msg.value(), ExperienceGroup)
-            except DecodeError as e:
+                self._check_fits_model(eg)
+            except (DecodeError, ValueError) as e:
                 self._dead_letter(msg, e)
                 continue
             keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen, self.counts)
