@@ -90,7 +90,7 @@ def cmd_status(args) -> int:
         procs = ", ".join(f"{k}={'up' if v else 'DOWN'}" for k, v in running.items()) or "not started"
         print(f"embedded stack ({stack.data_dir}): {procs}")
     buckets = [s3.bucket, "tansu"] if stack.embedded else [s3.bucket]
-    st = status.collect(kafka, s3, buckets)
+    st = status.collect(kafka, s3, buckets, topic_prefix=f"{args.namespace}." if args.namespace else "")
     print(status.render(st))
     return 0 if st.kafka_ok and st.s3_ok else 1
 
@@ -212,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_down)
     p = sub.add_parser("status", help="health, topics and end offsets, consumer lag, buckets")
     _stack_args(p)
+    p.add_argument("--namespace", default=None, help="only this run's topics (faster on a busy cluster)")
     p.set_defaults(fn=cmd_status)
     p = sub.add_parser("schema", help="print the JSON Schema of a message (all when no name)")
     p.add_argument("name", nargs="?", help="task, trajectory, rollout_group, experience_group, "
