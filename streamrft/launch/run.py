@@ -9,7 +9,6 @@ config), shows a live progress line, and stops everything at the end or on Ctrl-
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
