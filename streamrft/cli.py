@@ -8,6 +8,8 @@ import argparse
 import json
 import sys
 
+from streamrft.infra.stack import embedded_stack, resolve_clients
+
 
 def _stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="where the embedded stack keeps data, logs and PIDs "
@@ -32,26 +34,6 @@ def _endpoints(args):
         if getattr(args, flag, None) is not None:
             setattr(stack, attr, getattr(args, flag))
     return stack, kafka, s3
-
-
-def embedded_stack(stack, s3):
-    from streamrft.infra.stack import EmbeddedStack
-
-    return EmbeddedStack(stack.data_dir, stack.host, stack.kafka_port, stack.s3_port, stack.weed_port_base,
-                         buckets=(s3.bucket,))
-
-
-def resolve_clients(stack, kafka, s3):
-    """Point kafka/s3 at the embedded stack recorded under the data dir, when there is one."""
-    from streamrft.infra.stack import S3_KEY
-
-    if not stack.embedded:
-        return kafka, s3
-    state = embedded_stack(stack, s3).load_state()
-    if state is not None:
-        kafka = kafka.model_copy(update={"bootstrap": state.kafka})
-        s3 = s3.model_copy(update={"endpoint": state.s3, "access_key": S3_KEY, "secret_key": S3_KEY, "secure": False})
-    return kafka, s3
 
 
 def cmd_up(args) -> int:

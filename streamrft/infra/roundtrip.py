@@ -29,7 +29,7 @@ def _sample_group(i: int) -> RolloutGroup:
 
 
 def roundtrip(stack: StackConfig, kafka: KafkaConfig, s3: S3Config, keep_up: bool = False, n: int = 200) -> int:
-    from streamrft.cli import embedded_stack, resolve_clients
+    from streamrft.infra.stack import embedded_stack, resolve_clients
 
     es = embedded_stack(stack, s3) if stack.embedded else None
     started = False

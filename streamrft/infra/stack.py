@@ -282,3 +282,20 @@ class EmbeddedStack:
             if time.monotonic() > deadline:
                 raise StackError(f"Kafka on {state.kafka} not ready after {timeout:.0f}s")
             time.sleep(0.2)
+
+
+def embedded_stack(stack, s3) -> "EmbeddedStack":
+    """The embedded stack a config's `stack` section describes (not started)."""
+    return EmbeddedStack(stack.data_dir, stack.host, stack.kafka_port, stack.s3_port, stack.weed_port_base,
+                         buckets=(s3.bucket,))
+
+
+def resolve_clients(stack, kafka, s3):
+    """Point kafka/s3 at the embedded stack recorded under the data dir, when there is one."""
+    if not stack.embedded:
+        return kafka, s3
+    state = embedded_stack(stack, s3).load_state()
+    if state is not None:
+        kafka = kafka.model_copy(update={"bootstrap": state.kafka})
+        s3 = s3.model_copy(update={"endpoint": state.s3, "access_key": S3_KEY, "secret_key": S3_KEY, "secure": False})
+    return kafka, s3

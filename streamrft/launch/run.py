@@ -79,7 +79,7 @@ def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tu
 
 
 def run(config_path: str, overrides: list[str]) -> int:
-    from streamrft.cli import embedded_stack, resolve_clients
+    from streamrft.infra.stack import embedded_stack, resolve_clients
 
     t_start = time.monotonic()
     cfg = load_config(config_path, overrides)

@@ -12,7 +12,7 @@ import sys
 
 
 def cmd_score(args) -> int:
-    from streamrft.cli import resolve_clients
+    from streamrft.infra.stack import resolve_clients
     from streamrft.config import dump_config, load_config
 
     cfg = load_config(args.config, list(getattr(args, "overrides", None) or []))
