@@ -1,18 +1,21 @@
 """One typed config tree for every role, loaded from YAML and overridden by dotted flags.
 
 `load_config("run.yaml", ["trainer.lr=1e-6"])` returns a validated `RunConfig`; a wrong value
-raises `ConfigError` naming the field and, for choices, the allowed values. Names of algorithm
-parts live here as plain tuples so validating a config never imports torch; a test checks they
-match the registries in `streamrft.engine.algorithms`.
+raises `ConfigError` naming the field by its dotted path and the allowed values or range
+(`trainer.sync_interval: must be >= 1 (got 0)`). Every number has its real range here, so a value
+that would crash or hang a role later is refused at load. Names of algorithm parts and rewards
+live here as plain tuples so validating a config never imports torch; tests check they match the
+registries in `streamrft.engine.algorithms` and `streamrft.stream_ops.rewards`.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 ALGORITHM_TYPES = ("grpo", "dr_grpo", "ppo", "rloo", "reinforce_pp", "gspo", "cispo", "opd", "sft", "dpo", "kto")
 ADVANTAGE_TYPES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "opmd", "opd")
@@ -20,6 +23,11 @@ POLICY_LOSS_TYPES = ("ppo", "pg", "gspo", "cispo", "decoupled_ppo", "sft")
 KL_ESTIMATOR_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 OFFLINE_TYPES = ("sft", "dpo", "kto")
+# `streamrft.stream_ops.rewards.REWARDS` plus `env` (scoring.ENV_TERM: the trajectory's env_reward)
+REWARD_NAMES = ("exact_match", "math_verify", "format", "reverse", "weighted_mix", "env")
+
+_PORT = {"ge": 1, "le": 65535}
+_FINITE = {"allow_inf_nan": False}
 
 
 class _Loader(yaml.SafeLoader):
@@ -52,16 +60,31 @@ class KafkaConfig(Section):
     """SASL mechanism for an external cluster (teams authenticate with SCRAM)."""
     username: str | None = None
     password: str | None = None
-    session_timeout_ms: int = 6000
+    session_timeout_ms: int = Field(6000, ge=1)
     """Kept short: the embedded broker holds every JoinGroup reply for half of it."""
-    heartbeat_interval_ms: int = 1000
-    partitions: int = 4
+    heartbeat_interval_ms: int = Field(1000, ge=1)
+    """Must be below `session_timeout_ms` (a member that heartbeats slower is evicted)."""
+    partitions: int = Field(4, ge=1)
     """Partitions of the run's rollouts and experiences topics (the unit of stream-ops scaling)."""
-    replication_factor: int = 1
+    replication_factor: int = Field(1, ge=1)
     retention_ms: int = -1
-    """-1 keeps every record forever: the durable, replayable log of every trajectory."""
+    """-1 keeps every record forever: the durable, replayable log of every trajectory; else > 0."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Extra librdkafka properties passed through to every client."""
+
+    @field_validator("retention_ms")
+    @classmethod
+    def _retention(cls, v: int) -> int:
+        if v != -1 and v <= 0:  # 0 would have Kafka delete every record at once
+            raise ValueError(f"must be -1 (keep forever) or > 0 (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _heartbeat(self) -> "KafkaConfig":
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be < "
+                             f"session_timeout_ms ({self.session_timeout_ms})")
+        return self
 
 
 class S3Config(Section):
@@ -80,23 +103,33 @@ class StackConfig(Section):
     """Start the embedded broker + S3 server (`streamrft up`); false = use `kafka`/`s3` as given."""
     data_dir: str = ".streamrft/stack"
     host: str = "127.0.0.1"
-    kafka_port: int = 9092
-    s3_port: int = 8333
-    weed_port_base: int = 19400
-    """First of the internal SeaweedFS ports (master, volume, filer and their gRPC ports)."""
+    kafka_port: int = Field(9092, **_PORT)
+    s3_port: int = Field(8333, **_PORT)
+    weed_port_base: int = Field(19400, ge=1, le=65535 - 8)
+    """First of the 9 internal SeaweedFS ports (master, volume, filer, admin and their gRPC ports)."""
 
 
 class TinyModelSpec(Section):
     """A small Qwen2 built locally when `model.path` does not exist yet (demos and tests), with a
     char-level tokenizer over the synthetic task's alphabet."""
 
-    hidden_size: int = 128
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int | None = None
-    intermediate_size: int | None = None
-    max_positions: int = 128
-    seed: int = 0
+    hidden_size: int = Field(128, ge=1)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    """Attention heads; must divide `hidden_size`."""
+    kv_heads: int | None = Field(None, ge=1)
+    """Key/value heads (None = `heads`); must divide `heads`."""
+    intermediate_size: int | None = Field(None, ge=1)
+    max_positions: int = Field(128, ge=1)
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "TinyModelSpec":
+        if self.hidden_size % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        return self
 
 
 class ModelConfig(Section):
@@ -117,7 +150,7 @@ class DataConfig(Section):
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     shuffle: bool = True
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     synthetic: dict[str, Any] | None = None
     """Generate the demo task's data into `train`/`eval` when they are missing."""
 
@@ -125,45 +158,56 @@ class DataConfig(Section):
 class EngineConfig(Section):
     type: Literal["transformers", "vllm"] = "transformers"
     device: str = "cpu"
-    max_batch: int = 64
-    gpu_memory_utilization: float = 0.5
-    """vLLM only."""
+    max_batch: int = Field(64, ge=1)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vLLM only: the share of the GPU's memory it may take."""
 
 
 class SamplingConfig(Section):
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 32
+    temperature: float = Field(1.0, ge=0, **_FINITE)
+    """0 = greedy."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    """0 = no top-k truncation."""
+    max_new_tokens: int = Field(32, ge=1)
 
 
 class ExplorerConfig(Section):
-    num_explorers: int = 2
+    num_explorers: int = Field(2, ge=1)
     team: str = "default"
-    group_size: int = 8
+    group_size: int = Field(8, ge=1)
     """n: trajectories per task, published together as one RolloutGroup."""
-    tasks_per_batch: int = 4
+    tasks_per_batch: int = Field(4, ge=1)
     """Tasks generated in one engine call."""
     workflow: Literal["single_turn"] = "single_turn"
     chat_template: bool = False
     """Render each prompt as a user turn with the tokenizer's chat template (instruct models)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    torch_threads: int = 1
-    max_groups: int | None = None
+    torch_threads: int = Field(1, ge=1)
+    max_groups: int | None = Field(None, ge=1)
     """Stop after publishing this many groups (None = until the run ends)."""
-    admission_wait_s: float = 5.0
+    admission_wait_s: float = Field(5.0, ge=0, **_FINITE)
     """Waited this long for a new version while the current one is still fresh: start more groups
     anyway (the trainer still needs data, e.g. after zero-variance groups were filtered)."""
 
 
 class RewardTerm(Section):
-    name: str | None = None
-    """A reward in `streamrft.stream_ops.rewards.REWARDS`."""
     import_path: str | None = None
     """`pkg.module:function` for your own reward; wins over `name`."""
-    weight: float = 1.0
+    name: str | None = None
+    """A reward in `streamrft.stream_ops.rewards.REWARDS`, or `env` (the environment's reward)."""
+    weight: float = Field(1.0, **_FINITE)
+    """Any finite number: a negative weight makes the term a penalty."""
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # declared after import_path so it is known here: a user's function skips the name check
+        if info.data.get("import_path"):
+            return v
+        return _choice(v, REWARD_NAMES, "name")
 
     @model_validator(mode="after")
     def _named(self) -> "RewardTerm":
@@ -173,11 +217,11 @@ class RewardTerm(Section):
 
 
 class StreamOpsConfig(Section):
-    rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="exact_match")])
+    rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="exact_match")], min_length=1)
     drop_zero_variance: bool = True
     """Filter groups whose rewards are all equal (no learning signal under group baselines)."""
     priority: Literal["fifo", "reward_std", "abs_advantage"] = "reward_std"
-    workers: int = 1
+    workers: int = Field(1, ge=1)
 
 
 class PartConfig(Section):
@@ -189,7 +233,7 @@ class PartConfig(Section):
 
 class KLConfig(Section):
     estimator: str = "low_var_kl"
-    coef: float = 0.0
+    coef: float = Field(0.0, ge=0, **_FINITE)
     """0 disables the reference model entirely."""
     mode: Literal["loss", "reward"] = "loss"
 
@@ -204,7 +248,8 @@ class AlgorithmConfig(Section):
     advantage: PartConfig = Field(default_factory=PartConfig)
     policy_loss: PartConfig = Field(default_factory=PartConfig)
     kl: KLConfig = Field(default_factory=KLConfig)
-    entropy_coef: float = 0.0
+    entropy_coef: float = Field(0.0, **_FINITE)
+    """Entropy bonus (subtracted from the loss); negative minimises entropy instead."""
     aggregation: str | None = None
     """Loss aggregation; None = the preset's."""
 
@@ -234,7 +279,7 @@ class AlgorithmConfig(Section):
 
 class DeepSpeedConfig(Section):
     zero_stage: Literal[0, 1, 2, 3] = 2
-    num_gpus: int = 1
+    num_gpus: int = Field(1, ge=1)
     """Processes launched by torchrun (CPU: gloo processes)."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Extra DeepSpeed config merged over the generated one."""
@@ -245,51 +290,52 @@ class ReplayConfig(Section):
 
     namespace: str
     """The namespace of the run whose `<namespace>.experiences` topic is replayed."""
-    from_offset: int = 0
+    from_offset: int = Field(0, ge=0)
     """Start every partition at this offset..."""
-    from_timestamp_ms: int | None = None
+    from_timestamp_ms: int | None = Field(None, ge=0)
     """...or at the first record at or after this time (epoch ms), when set."""
 
 
 class TrainerConfig(Section):
     engine: Literal["torch", "deepspeed"] = "torch"
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
-    batch_groups: int = 4
+    batch_groups: int = Field(4, ge=1)
     """Groups (tasks) per optimiser step."""
-    micro_batch_size: int = 16
+    micro_batch_size: int = Field(16, ge=1)
     """Sequences per forward/backward; the loss is normalised by the whole step's count."""
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    max_steps: int = 100
-    sync_interval: int = 1
+    lr: float = Field(1e-5, gt=0, **_FINITE)
+    weight_decay: float = Field(0.0, ge=0, **_FINITE)
+    grad_clip: float = Field(1.0, ge=0, **_FINITE)
+    """Max gradient norm; 0 = no clipping."""
+    max_steps: int = Field(100, ge=1)
+    sync_interval: int = Field(1, ge=1)
     """Publish a weight version every this many steps."""
-    max_staleness: int = 1
+    max_staleness: int = Field(1, ge=0)
     """Max (trainer version - model_version) of a trained sample; 0 = strictly on-policy."""
-    keep_versions: int = 3
+    keep_versions: int = Field(3, ge=1)
     """Weight versions kept in S3 (older ones are garbage-collected)."""
     checkpoint_dir: str | None = None
     """Default: <output_dir>/trainer."""
-    torch_threads: int = 1
-    seed: int = 0
+    torch_threads: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0)
     replay: ReplayConfig | None = None
     """Replay a retained topic instead of following this run's experiences: no staleness rule
     (the samples come from another run's versions), stop at the topic's end."""
 
 
 class EvalConfig(Section):
-    every_versions: int = 5
+    every_versions: int = Field(5, ge=0)
     """Evaluate greedy reward on `data.eval` every this many versions (0 = start and end only)."""
-    max_tasks: int = 100
+    max_tasks: int = Field(100, ge=1)
 
 
 class StageConfig(Section):
     """A stage before the RL loop, e.g. an SFT warm-up on `data`."""
 
     type: Literal["sft"] = "sft"
-    steps: int = 100
-    batch_size: int = 16
-    lr: float = 1e-3
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(1e-3, gt=0, **_FINITE)
     data: dict[str, Any] = Field(default_factory=dict)
     """Synthetic-data settings or a `path` to a JSONL of prompt/completion pairs."""
 
@@ -308,7 +354,7 @@ class RunConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     stages: list[StageConfig] = Field(default_factory=list)
-    max_wall_s: float | None = None
+    max_wall_s: float | None = Field(None, gt=0, **_FINITE)
     """Stop the run after this many seconds (None = at trainer.max_steps)."""
 
     @property
@@ -334,12 +380,50 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _section_in(annotation: Any) -> type[Section] | None:
+    """The config section a field holds (`X`, `X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    return next((s for arg in get_args(annotation) if (s := _section_in(arg)) is not None), None)
+
+
+def _field_at(loc: tuple) -> FieldInfo | None:
+    """The field an error's location points at (list indices skipped), to state its whole range."""
+    section: type[Section] | None = RunConfig
+    info = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if section is None or part not in section.model_fields:
+            return None
+        info = section.model_fields[part]
+        section = _section_in(info.annotation)
+    return info
+
+
+def _range(err: dict) -> str:
+    """`>= 1 and <= 65535`: every bound of the field, lower first (falls back to the one broken)."""
+    info = _field_at(err["loc"])
+    bounds = [(op, getattr(m, op)) for m in (info.metadata if info else []) for op in _BOUNDS if hasattr(m, op)]
+    bounds = sorted(bounds, key=lambda b: b[0] in ("lt", "le")) or list(err["ctx"].items())
+    return " and ".join(f"{_BOUNDS[op]} {value}" for op, value in bounds)
+
+
 def _format_error(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "literal_error":
+        if err["type"] in _BOUND_ERRORS:
+            msg = f"must be {_range(err)}"
+        elif err["type"] == "finite_number":
+            msg = "must be a finite number"
+        # the value given, where it is one value (a validator's own message already names it)
+        if err["type"] not in ("value_error", "missing") and not isinstance(err["input"], (dict, list)):
             msg = f"{msg} (got {err['input']!r})"
         lines.append(f"{loc}: {msg}")
     return "invalid config:\n  " + "\n  ".join(lines)

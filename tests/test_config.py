@@ -1,12 +1,16 @@
 """The config tree: every example validates, dotted overrides, errors that name the field."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
-from streamrft.config import ConfigError, RunConfig, dump_config, load_config, parse_config
+from streamrft.config import REWARD_NAMES, ConfigError, RunConfig, dump_config, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for ext in ("yaml", "yml") for p in (ROOT / "examples").rglob(f"*.{ext}"))
@@ -141,3 +145,170 @@ def test_reward_term_needs_a_name(inline_yaml):
 def test_exponent_float_in_free_form_params(inline_yaml):
     cfg = load_config(inline_yaml, ["algorithm.advantage.params.eps=1e-6"])
     assert cfg.algorithm.advantage.params["eps"] == pytest.approx(1e-6)
+
+
+# ---- ranges: every number in the tree has its real range, refused at load with the value given ----
+
+# (override, the error line it must produce): the dotted field, its whole range, the value given
+OUT_OF_RANGE = [
+    ("kafka.session_timeout_ms=0", "kafka.session_timeout_ms: must be >= 1 (got 0)"),
+    ("kafka.heartbeat_interval_ms=0", "kafka.heartbeat_interval_ms: must be >= 1 (got 0)"),
+    ("kafka.partitions=0", "kafka.partitions: must be >= 1 (got 0)"),
+    ("kafka.replication_factor=0", "kafka.replication_factor: must be >= 1 (got 0)"),
+    ("stack.kafka_port=0", "stack.kafka_port: must be >= 1 and <= 65535 (got 0)"),
+    ("stack.s3_port=65536", "stack.s3_port: must be >= 1 and <= 65535 (got 65536)"),
+    ("stack.weed_port_base=65530", "stack.weed_port_base: must be >= 1 and <= 65527 (got 65530)"),
+    ("model.build.hidden_size=0", "model.build.hidden_size: must be >= 1 (got 0)"),
+    ("model.build.layers=0", "model.build.layers: must be >= 1 (got 0)"),
+    ("model.build.heads=0", "model.build.heads: must be >= 1 (got 0)"),
+    ("model.build.kv_heads=0", "model.build.kv_heads: must be >= 1 (got 0)"),
+    ("model.build.intermediate_size=0", "model.build.intermediate_size: must be >= 1 (got 0)"),
+    ("model.build.max_positions=0", "model.build.max_positions: must be >= 1 (got 0)"),
+    ("model.build.seed=-1", "model.build.seed: must be >= 0 (got -1)"),
+    ("data.seed=-1", "data.seed: must be >= 0 (got -1)"),
+    ("explorer.num_explorers=0", "explorer.num_explorers: must be >= 1 (got 0)"),
+    ("explorer.group_size=0", "explorer.group_size: must be >= 1 (got 0)"),
+    ("explorer.tasks_per_batch=0", "explorer.tasks_per_batch: must be >= 1 (got 0)"),
+    ("explorer.torch_threads=0", "explorer.torch_threads: must be >= 1 (got 0)"),
+    ("explorer.max_groups=0", "explorer.max_groups: must be >= 1 (got 0)"),
+    ("explorer.admission_wait_s=-1", "explorer.admission_wait_s: must be >= 0 (got -1)"),
+    ("explorer.engine.max_batch=0", "explorer.engine.max_batch: must be >= 1 (got 0)"),
+    ("explorer.engine.gpu_memory_utilization=0", "explorer.engine.gpu_memory_utilization: must be > 0 and <= 1 (got 0)"),
+    ("explorer.engine.gpu_memory_utilization=1.5",
+     "explorer.engine.gpu_memory_utilization: must be > 0 and <= 1 (got 1.5)"),
+    ("explorer.sampling.temperature=-0.5", "explorer.sampling.temperature: must be >= 0 (got -0.5)"),
+    ("explorer.sampling.top_p=0", "explorer.sampling.top_p: must be > 0 and <= 1 (got 0)"),
+    ("explorer.sampling.top_p=1.1", "explorer.sampling.top_p: must be > 0 and <= 1 (got 1.1)"),
+    ("explorer.sampling.top_k=-1", "explorer.sampling.top_k: must be >= 0 (got -1)"),
+    ("explorer.sampling.max_new_tokens=0", "explorer.sampling.max_new_tokens: must be >= 1 (got 0)"),
+    ("stream_ops.workers=0", "stream_ops.workers: must be >= 1 (got 0)"),
+    ("algorithm.kl.coef=-0.1", "algorithm.kl.coef: must be >= 0 (got -0.1)"),
+    ("trainer.deepspeed.num_gpus=0", "trainer.deepspeed.num_gpus: must be >= 1 (got 0)"),
+    ("trainer.replay={namespace: old, from_offset: -1}", "trainer.replay.from_offset: must be >= 0 (got -1)"),
+    ("trainer.replay={namespace: old, from_timestamp_ms: -1}",
+     "trainer.replay.from_timestamp_ms: must be >= 0 (got -1)"),
+    ("trainer.batch_groups=0", "trainer.batch_groups: must be >= 1 (got 0)"),
+    ("trainer.micro_batch_size=0", "trainer.micro_batch_size: must be >= 1 (got 0)"),
+    ("trainer.lr=0", "trainer.lr: must be > 0 (got 0)"),
+    ("trainer.weight_decay=-0.1", "trainer.weight_decay: must be >= 0 (got -0.1)"),
+    ("trainer.grad_clip=-1", "trainer.grad_clip: must be >= 0 (got -1)"),
+    ("trainer.max_steps=0", "trainer.max_steps: must be >= 1 (got 0)"),
+    ("trainer.sync_interval=0", "trainer.sync_interval: must be >= 1 (got 0)"),
+    ("trainer.max_staleness=-1", "trainer.max_staleness: must be >= 0 (got -1)"),
+    ("trainer.keep_versions=0", "trainer.keep_versions: must be >= 1 (got 0)"),
+    ("trainer.torch_threads=0", "trainer.torch_threads: must be >= 1 (got 0)"),
+    ("trainer.seed=-1", "trainer.seed: must be >= 0 (got -1)"),
+    ("eval.every_versions=-1", "eval.every_versions: must be >= 0 (got -1)"),
+    ("eval.max_tasks=0", "eval.max_tasks: must be >= 1 (got 0)"),
+    ("stages=[{steps: 0}]", "stages.0.steps: must be >= 1 (got 0)"),
+    ("stages=[{batch_size: 0}]", "stages.0.batch_size: must be >= 1 (got 0)"),
+    ("stages=[{}, {lr: 0}]", "stages.1.lr: must be > 0 (got 0)"),
+    ("max_wall_s=0", "max_wall_s: must be > 0 (got 0)"),
+    # not finite
+    ("trainer.lr=.inf", "trainer.lr: must be a finite number (got inf)"),
+    ("stream_ops.rewards=[{name: reverse, weight: .nan}]", "stream_ops.rewards.0.weight: must be a finite number (got nan)"),
+    ("algorithm.entropy_coef=-.inf", "algorithm.entropy_coef: must be a finite number (got -inf)"),
+]
+# numbers not in the table: any finite value is meaningful, or the range has a validator of its own
+UNBOUNDED = {"stream_ops.rewards.0.weight", "algorithm.entropy_coef",
+             "kafka.retention_ms"}  # -1 or > 0: a validator of its own, tested below
+
+
+@pytest.mark.parametrize("override,line", OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
+def test_out_of_range_names_field_range_and_value(inline_yaml, override, line):
+    with pytest.raises(ConfigError) as info:
+        load_config(inline_yaml, [override])
+    assert f"  {line}" in str(info.value).splitlines(), str(info.value)
+
+
+def _numeric_fields(section: type[BaseModel] = RunConfig, prefix: str = "") -> set[str]:
+    """Dotted paths of every int/float field of the tree (a list's item as index 0)."""
+    found = set()
+    for name, info in section.model_fields.items():
+        ann, path = info.annotation, f"{prefix}{name}"
+        if typing.get_origin(ann) is list:
+            ann, path = typing.get_args(ann)[0], f"{path}.0"
+        members = {ann, *typing.get_args(ann)}
+        sub = next((m for m in members if isinstance(m, type) and issubclass(m, BaseModel)), None)
+        if sub is not None:
+            found |= _numeric_fields(sub, f"{path}.")
+        elif members & {int, float}:
+            found.add(path)
+    return found
+
+
+def test_every_number_in_the_tree_has_a_range_tested():
+    tested = {line.split(":")[0].replace("stages.1.", "stages.0.") for _, line in OUT_OF_RANGE}
+    assert _numeric_fields() - UNBOUNDED <= tested, "a numeric config field without a range test"
+    assert _numeric_fields() >= tested
+
+
+@pytest.mark.parametrize("override", [
+    "trainer.sync_interval=1", "trainer.max_staleness=0", "trainer.keep_versions=1", "trainer.grad_clip=0",
+    "explorer.sampling.temperature=0", "explorer.sampling.top_p=1", "explorer.sampling.top_k=0",
+    "explorer.engine.gpu_memory_utilization=1", "stack.kafka_port=65535", "stack.weed_port_base=65527",
+    "kafka.retention_ms=-1", "kafka.retention_ms=1", "eval.every_versions=0", "explorer.admission_wait_s=0",
+    "algorithm.entropy_coef=-0.01", "stream_ops.rewards=[{name: reverse, weight: -1}]",
+])
+def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
+    load_config(inline_yaml, [override])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["kafka.retention_ms=0"], "kafka.retention_ms: must be -1 (keep forever) or > 0 (got 0)"),
+    (["kafka.retention_ms=-2"], "kafka.retention_ms: must be -1 (keep forever) or > 0 (got -2)"),
+    (["kafka.session_timeout_ms=1000", "kafka.heartbeat_interval_ms=1000"],
+     "kafka: heartbeat_interval_ms (1000) must be < session_timeout_ms (1000)"),
+    (["model.build={hidden_size: 30, heads: 4}"], "model.build: heads (4) must divide hidden_size (30)"),
+    (["model.build={heads: 4, kv_heads: 3}"], "model.build: kv_heads (3) must divide heads (4)"),
+    (["stream_ops.rewards=[]"], "stream_ops.rewards: List should have at least 1 item"),
+])
+def test_cross_field_and_special_ranges(inline_yaml, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(inline_yaml, overrides)
+    assert message in str(info.value)
+
+
+def test_every_error_is_reported_at_once(inline_yaml):
+    with pytest.raises(ConfigError) as info:
+        load_config(inline_yaml, ["trainer.sync_interval=0", "explorer.group_size=0"])
+    assert str(info.value).splitlines() == ["invalid config:", "  explorer.group_size: must be >= 1 (got 0)",
+                                            "  trainer.sync_interval: must be >= 1 (got 0)"]
+
+
+# ---- reward names ----
+
+def test_unknown_reward_name_names_the_indexed_field_and_allowed_values(inline_yaml):
+    with pytest.raises(ConfigError) as info:
+        load_config(inline_yaml, ["stream_ops.rewards=[{name: reverse}, {name: nope}]"])
+    text = str(info.value)
+    assert "stream_ops.rewards.1.name:" in text and "'nope'" in text
+    for name in REWARD_NAMES:
+        assert repr(name) in text
+    assert "stream_ops.rewards.0" not in text
+
+
+@pytest.mark.parametrize("term", ["{name: env}", "{name: nope, import_path: 'pkg.mod:fn'}",
+                                  "{import_path: 'pkg.mod:fn'}", "{name: math_verify, weight: 0.5}"])
+def test_known_rewards_env_and_import_paths_load(inline_yaml, term):
+    assert len(load_config(inline_yaml, [f"stream_ops.rewards=[{term}]"]).stream_ops.rewards) == 1
+
+
+def test_reward_names_match_the_registry():
+    """REWARD_NAMES is a plain tuple (a config loads without importing the reward modules); it must
+    list exactly the registry's rewards plus the environment's own reward term."""
+    from streamrft.stream_ops.rewards import REWARDS
+    from streamrft.stream_ops.scoring import ENV_TERM
+
+    assert len(set(REWARD_NAMES)) == len(REWARD_NAMES), "REWARD_NAMES repeats a name"
+    assert sorted(REWARD_NAMES) == sorted([*REWARDS, ENV_TERM])
+
+
+def test_loading_a_config_imports_no_torch_or_rewards(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(INLINE + "stream_ops: {rewards: [{name: math_verify}]}\n")
+    code = ("import sys; from streamrft.config import load_config; load_config(sys.argv[1]); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('streamrft.stream_ops')))")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
