@@ -119,6 +119,21 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def cmd_topics(args) -> int:
+    """Create the run's topics (idempotent), so roles never race to create them: a deployment runs
+    this once before any role starts, with broker auto-creation off."""
+    from streamrft.config import load_config
+    from streamrft.infra.kafka import ensure_topics, run_topics
+
+    cfg = load_config(args.config, args.overrides)
+    kafka, _ = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+    topics = run_topics(kafka, cfg.namespace, [cfg.explorer.team])
+    created = set(ensure_topics(kafka, topics))
+    for name, spec in topics.items():
+        print(f"{'created' if name in created else 'exists '} {name} partitions={spec.num_partitions}")
+    return 0
+
+
 def _logging() -> None:
     import logging
 
@@ -210,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="build the model, data and warm-up stages a config names (idempotent)")
     _config_args(p)
     p.set_defaults(fn=cmd_prepare)
+    p = sub.add_parser("topics", help="create the run's topics if missing (idempotent) and list them")
+    _config_args(p)
+    p.set_defaults(fn=cmd_topics)
     p = sub.add_parser("feed", help="publish a dataset file's rows as tasks on the run's tasks topic")
     _config_args(p)
     p.add_argument("--file", default=None, help="JSONL/Parquet of tasks (default: data.train)")
