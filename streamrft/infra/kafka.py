@@ -7,18 +7,24 @@ confluent-kafka because its idempotent producer works on the embedded broker (ai
 InitProducerId with UnknownError), so retries never duplicate a record; its API is synchronous,
 as explorers and the trainer are; and it speaks SASL/SCRAM to a real cluster. faust brings its
 own aiokafka clients, configured from the same `KafkaConfig` in `stream_ops/app.py`.
+
+`make_producer` returns a `CheckedProducer`: nothing counts as sent until its delivery report
+says the broker acknowledged it. `flush_or_raise` retries what failed and raises otherwise.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamrft.config import KafkaConfig
 from streamrft.schemas import topic_name
 
+log = logging.getLogger(__name__)
 
 def client_conf(cfg: KafkaConfig) -> dict:
     # log_level 4: warnings and errors only (librdkafka's info lines are noise in role logs)
@@ -30,12 +36,154 @@ def client_conf(cfg: KafkaConfig) -> dict:
     return conf
 
 
-def make_producer(cfg: KafkaConfig, **overrides) -> Producer:
-    """acks=all + idempotence: an acknowledged record is durable and never duplicated by retries."""
+def make_producer(cfg: KafkaConfig, **overrides) -> "CheckedProducer":
+    """acks=all + idempotence, behind a wrapper that checks every delivery report."""
     conf = {**client_conf(cfg), "acks": "all", "enable.idempotence": True, "linger.ms": 5,
             "message.max.bytes": 16 * 1024 * 1024, "compression.type": "none"}
     conf.update(overrides)
-    return Producer(conf)
+    return CheckedProducer(conf)
+
+
+class DeliveryError(KafkaException):
+    """Records the broker did not acknowledge (after retries): the role must fail loudly."""
+
+
+# delivery errors worth sending again: the broker or the network was away, not the record bad
+_RESEND = {KafkaError._MSG_TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+           KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError.NOT_ENOUGH_REPLICAS,
+           KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION,
+           KafkaError.UNKNOWN}  # Tansu answers UNKNOWN while its S3 store is away
+# errors after which this producer can deliver nothing more (measured on Tansu after an S3
+# restart: UNKNOWN, then PRODUCER_FENCED for every later record, with no error_cb at all)
+_REPLACE = {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL}
+
+
+def _resendable(err: KafkaError) -> bool:
+    return err.retriable() or err.code() in _RESEND
+
+
+class CheckedProducer:
+    """A confluent-kafka producer that never reports a record as sent without the broker's ack.
+
+    Every produced record is kept until its delivery report succeeds. `flush` serves the reports
+    and, until its deadline, sends again what failed for a transient reason (broker restart,
+    timeout). A fatal error (the broker fenced the idempotent producer, as Tansu does after its S3
+    store restarts) makes the broker refuse everything this producer sends from then on: the
+    producer is then replaced by a new one and every unacknowledged record is sent again.
+    Re-sending is at-least-once: a record acked just before a failure may arrive twice, which
+    every consumer in streamrft tolerates (the trainer dedups by trajectory id). A record
+    rejected for itself (too large, not authorised) raises `DeliveryError` at once.
+    """
+
+    def __init__(self, conf: dict, factory: Callable[[dict], Producer] = Producer):
+        self._conf, self._factory = dict(conf), factory
+        self._pending: dict[int, tuple] = {}  # seq -> (topic, key, value, partition, on_delivery)
+        self._failed: dict[int, KafkaError] = {}
+        self._fatal: KafkaError | None = None
+        self._seq = self._gen = 0
+        self.resent = 0
+        self.replaced = 0
+        self._producer = self._new_producer()
+
+    def _new_producer(self) -> Producer:
+        self._gen += 1
+        gen = self._gen
+
+        def on_error(err: KafkaError) -> None:
+            if err.fatal() and gen == self._gen:
+                self._fatal = err
+            log.warning("kafka producer: %s", err)
+
+        return self._factory({**self._conf, "error_cb": on_error})
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def produce(self, topic: str, value=None, key=None, partition: int | None = None,
+                on_delivery: Callable | None = None) -> None:
+        """Queue one record; `on_delivery(None, msg)` runs once the broker acknowledged it."""
+        self._seq += 1
+        self._pending[self._seq] = (topic, key, value, partition, on_delivery)
+        self._send(self._seq)
+        self._producer.poll(0)
+
+    def _send(self, seq: int) -> None:
+        topic, key, value, partition, _ = self._pending[seq]
+        gen = self._gen
+        extra = {} if partition is None else {"partition": partition}
+
+        def delivered(err, msg) -> None:
+            if gen != self._gen:
+                return  # a report from a replaced producer: the record was queued again
+            if err is not None:
+                self._failed[seq] = err
+                if err.fatal() or err.code() in _REPLACE:
+                    self._fatal = err
+                return
+            self._failed.pop(seq, None)
+            record = self._pending.pop(seq, None)
+            if record is not None and record[4] is not None:
+                record[4](None, msg)
+
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, on_delivery=delivered, **extra)
+                return
+            except BufferError:  # the local queue is full: serve reports, then try again
+                self._producer.poll(0.1)
+            except KafkaException as e:
+                err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                if err is None or not err.fatal():
+                    self._pending.pop(seq, None)
+                    raise DeliveryError(f"produce to {topic} refused: {e}") from None
+                self._fatal, self._failed[seq] = err, err  # flush replaces the producer
+                return
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return self._producer.poll(timeout)
+
+    def _replace(self) -> None:
+        """Drop a fatally failed producer; send every unacknowledged record through a new one."""
+        log.warning("kafka producer failed fatally (%s): replacing it, re-sending %d records",
+                    self._fatal, len(self._pending))
+        old = self._producer
+        self._producer = self._new_producer()  # bumps the generation: old reports are ignored
+        try:
+            old.purge(in_queue=True, in_flight=True, blocking=False)
+        except KafkaException:
+            pass
+        self._fatal = None
+        self._failed.clear()
+        self.replaced += 1
+        for seq in list(self._pending):
+            self._send(seq)
+            self.resent += 1
+
+    def flush(self, timeout: float = 30.0) -> int:
+        """Deliver everything, re-sending transient failures until `timeout`; returns the number
+        of records still unacknowledged. Raises `DeliveryError` for a record rejected for itself."""
+        deadline = time.monotonic() + timeout
+        while self._pending:
+            self._producer.flush(max(0.0, min(0.5, deadline - time.monotonic())))
+            if self._fatal is not None:
+                self._replace()
+            for seq, err in list(self._failed.items()):
+                if seq not in self._pending:
+                    self._failed.pop(seq)
+                elif not _resendable(err):
+                    topic = self._pending[seq][0]
+                    raise DeliveryError(f"record to {topic} rejected by the broker: {err.name()}: {err.str()}")
+                elif time.monotonic() < deadline:
+                    del self._failed[seq]
+                    self._send(seq)
+                    self.resent += 1
+            if time.monotonic() >= deadline:
+                break
+        return len(self._pending)
+
+    def last_errors(self) -> list[str]:
+        return sorted({f"{e.name()}: {e.str()}" for e in self._failed.values()})
 
 
 def make_consumer(cfg: KafkaConfig, group_id: str | None, **overrides) -> Consumer:
@@ -52,10 +200,15 @@ def make_admin(cfg: KafkaConfig) -> AdminClient:
     return AdminClient(client_conf(cfg))
 
 
-def flush_or_raise(producer: Producer, timeout: float = 30.0) -> None:
+def flush_or_raise(producer: CheckedProducer, timeout: float = 60.0) -> None:
+    """Block until every record produced so far is acknowledged; `DeliveryError` otherwise.
+
+    Transient failures (a broker or S3 restart under the broker) are retried within `timeout`."""
     left = producer.flush(timeout)
     if left:
-        raise KafkaException(f"{left} records not acknowledged after {timeout}s")
+        errors = producer.last_errors() if hasattr(producer, "last_errors") else []
+        raise DeliveryError(f"{left} records not acknowledged by the broker after {timeout}s"
+                            + (f" (last errors: {'; '.join(errors)})" if errors else ""))
 
 
 def run_topics(cfg: KafkaConfig, namespace: str, teams: list[str] | tuple[str, ...] = ("default",)) -> dict[str, NewTopic]:
