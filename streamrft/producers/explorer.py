@@ -1,10 +1,13 @@
 """The explorer role: tasks in, RolloutGroups out, weights hot-swapped between generations.
 
-Run one with `streamrft explore CONFIG --index I`; `streamrft run` starts
-`explorer.num_explorers` of them. Each one shards the task file by its index, generates
-`tasks_per_batch` tasks x `group_size` samples per engine call, publishes every group whole
-(acks=all) and waits for a newer weight version when admission control says its groups would
-arrive too stale. Explorer 0 also evaluates each `eval.every_versions`-th version.
+Run one with `streamrft explore CONFIG --index I`, at any time, as many as you like;
+`streamrft run` starts `explorer.num_explorers` of them. The index names the explorer (its id,
+logs, shuffle seed). Explorers present share the run's slots (`membership.py`): each takes the
+file tasks of its slots and that share of the admission quota, and the shares move when one joins
+or leaves. Each generates `tasks_per_batch` tasks x `group_size` samples per engine call,
+publishes every group whole (acks=all) and waits for a newer weight version when admission
+control says its groups would arrive too stale. The holder of slot 0 evaluates each
+`eval.every_versions`-th version, so the eval survives the departure of any one explorer.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from pathlib import Path
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
-from streamrft.producers.admission import admit, per_version_quota
+from streamrft.producers.admission import admit, explorer_quota, run_quota
+from streamrft.producers.membership import Membership
 from streamrft.producers.tasks import load_task_file, make_task_source
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.producers.workflows import WORKFLOWS
@@ -46,23 +50,26 @@ class Explorer:
         self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
                                       Path(cfg.output_dir) / "cache" / self.id)
         self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
-        self.quota = per_version_quota(cfg.trainer.max_staleness, cfg.trainer.batch_groups,
-                                       cfg.trainer.sync_interval, ex.num_explorers)
-        self.eval_tasks = (load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-                           if index == 0 and cfg.data.eval and cfg.eval.every_versions > 0 else [])
-        self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "generate_s": 0.0}
+        self.run_quota = run_quota(cfg.trainer.max_staleness, cfg.trainer.batch_groups, cfg.trainer.sync_interval)
+        self.members = Membership(cfg.kafka, cfg.namespace, self.id)
+        self.eval_tasks = None  # loaded when this explorer first holds slot 0
+        self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
+                      "generate_s": 0.0}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
         m = Metric(role=role, role_id=self.id, step=self.engine.version, values=values)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
-    def _maybe_eval(self, evaluated: set[int]) -> None:
+    def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
         from streamrft.producers.evaluate import evaluate
 
-        v = self.engine.version
-        if not self.eval_tasks or v in evaluated or v % self.cfg.eval.every_versions:
+        cfg, v = self.cfg, self.engine.version
+        if 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0 or v in evaluated \
+                or v % cfg.eval.every_versions:
             return
         evaluated.add(v)
+        if self.eval_tasks is None:
+            self.eval_tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
         score = evaluate(self.engine, self.eval_tasks, self.cfg.stream_ops.rewards,
                          self.cfg.explorer.sampling.max_new_tokens, self.cfg.explorer.chat_template)
         self._metric({"eval_reward": score, "version": v}, role="eval")
@@ -70,8 +77,9 @@ class Explorer:
 
     def run(self) -> dict:
         cfg, ex = self.cfg, self.cfg.explorer
-        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, self.index, ex.num_explorers)
+        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=cfg.data.seed * 1000 + self.index)
         workflow = WORKFLOWS[ex.workflow]
+        self.members.start()
         self.watcher.start()
         started, blocked_since, evaluated = 0, None, set()
         last_metric, t_start = time.monotonic(), time.monotonic()
@@ -82,9 +90,16 @@ class Explorer:
                     self.engine.load_weights(ready[1], ready[0])
                     started = 0
                     self.stats["swaps"] += 1
-                self._maybe_eval(evaluated)
+                slots = self.members.slots
+                if not slots:
+                    # not joined yet, or more explorers than slots: nothing of the run is ours now
+                    self.stats["slot_waits"] += 1
+                    self.stop.wait(0.2)
+                    continue
+                self._maybe_eval(evaluated, slots)
+                quota = explorer_quota(self.run_quota, len(slots), self.members.num_slots)
                 if not admit(self.engine.version, self.watcher.latest_announced, started,
-                             cfg.trainer.max_staleness, self.quota):
+                             cfg.trainer.max_staleness, quota):
                     now = time.monotonic()
                     blocked_since = blocked_since or now
                     fresh = self.watcher.latest_announced - self.engine.version <= cfg.trainer.max_staleness
@@ -96,7 +111,10 @@ class Explorer:
                         time.sleep(0.05)
                     continue
                 blocked_since = None
-                batch = [next(tasks) for _ in range(min(ex.tasks_per_batch, self.quota - started))]
+                batch = tasks.take(min(ex.tasks_per_batch, quota - started), slots, self.members.num_slots)
+                if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
+                    self.stop.wait(0.2)
+                    continue
                 t0 = time.monotonic()
                 groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
                                   producer_id=self.id, chat=ex.chat_template)
@@ -111,11 +129,14 @@ class Explorer:
                     last_metric = time.monotonic()
                     self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                                   "traj_per_s": self.stats["trajectories"] / (last_metric - t_start),
-                                  "version": self.engine.version, "swaps": self.stats["swaps"]})
+                                  "version": self.engine.version, "swaps": self.stats["swaps"],
+                                  "slots": len(slots)})
                 if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
                     break
         finally:
+            self.members.stop()  # leave the group first: the others take our slots at once
             self.watcher.stop()
+            tasks.close()
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                           "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"]})
             flush_or_raise(self.producer)

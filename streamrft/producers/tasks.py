@@ -1,9 +1,10 @@
 """Where explorers get tasks: a local dataset file (JSONL or Parquet, through HF `datasets`) or
-the run's tasks topic. Several explorers reading one file each take a disjoint shard."""
+the run's tasks topic. Explorers reading one file take the tasks of the slots they hold now
+(`membership.py`), so their shards stay disjoint while explorers come and go; on the topic, its
+consumer group shares the tasks out. Both sources answer `take(n, slots, num_slots)`."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 from streamrft.config import DataConfig, KafkaConfig
@@ -32,43 +33,83 @@ def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str
     return tasks
 
 
-def file_tasks(tasks: list[Task], shard: int, num_shards: int, shuffle: bool, seed: int) -> Iterator[Task]:
-    """Cycle forever over this explorer's shard, reshuffled every epoch."""
-    mine = tasks[shard::num_shards] or tasks
-    rng = random.Random(seed * 1000 + shard)
-    while True:
-        order = list(mine)
-        if shuffle:
-            rng.shuffle(order)
-        yield from order
+def task_slot(i: int, num_tasks: int, num_slots: int) -> int:
+    """The slot of a file's i-th task: the file cut into `num_slots` runs of equal length (to one
+    task). The membership's range assignor hands out contiguous slot ranges, so shards come out
+    equal to about one task, and a file shorter than the slot count still spreads over all the
+    slots instead of leaving the upper ones (and the explorers holding them) empty."""
+    return i * num_slots // num_tasks
 
 
-def topic_tasks(kafka: KafkaConfig, namespace: str, on_bad=None) -> Iterator[Task]:
-    """Tasks from the tasks topic through the `<ns>.explorers` group (offsets auto-committed:
-    a task lost to a crash is only a prompt, not a trajectory)."""
-    from streamrft.infra.kafka import make_consumer
+def slot_tasks(tasks: list[Task], slots: frozenset[int], num_slots: int) -> list[Task]:
+    """The tasks of `slots`, in file order."""
+    return [t for i, t in enumerate(tasks) if task_slot(i, len(tasks), num_slots) in slots]
 
-    consumer = make_consumer(kafka, f"{namespace}.explorers", **{"enable.auto.commit": True})
-    consumer.subscribe([topic_name(namespace, "tasks")])
-    try:
-        while True:
-            msg = consumer.poll(1.0)
-            if msg is None or msg.error() is not None:
+
+class FileTasks:
+    """Cycles over the tasks of the slots held now, reshuffled every epoch; a new slot set starts
+    a new epoch over its own tasks. No slot (or only empty ones): no task."""
+
+    def __init__(self, tasks: list[Task], shuffle: bool, seed: int):
+        self.tasks, self.shuffle = tasks, shuffle
+        self.rng = random.Random(seed)
+        self._slots: frozenset[int] | None = None
+        self._mine: list[Task] = []
+        self._order: list[Task] = []
+        self._pos = 0
+
+    def take(self, n: int, slots: frozenset[int], num_slots: int) -> list[Task]:
+        if slots != self._slots:
+            self._slots, self._mine = slots, slot_tasks(self.tasks, slots, num_slots)
+            self._order, self._pos = [], 0
+        out = []
+        while len(out) < n and self._mine:
+            if self._pos == len(self._order):
+                self._order, self._pos = list(self._mine), 0
+                if self.shuffle:
+                    self.rng.shuffle(self._order)
+            out.append(self._order[self._pos])
+            self._pos += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class TopicTasks:
+    """Tasks from the tasks topic through the `<ns>.explorers` group (offsets auto-committed: a
+    task lost to a crash is only a prompt, not a trajectory). The group shares the tasks out among
+    the explorers present, so slots play no part here."""
+
+    def __init__(self, kafka: KafkaConfig, namespace: str, on_bad=None):
+        from streamrft.infra.kafka import make_consumer
+
+        self.on_bad = on_bad
+        self.consumer = make_consumer(kafka, f"{namespace}.explorers", **{"enable.auto.commit": True})
+        self.consumer.subscribe([topic_name(namespace, "tasks")])
+
+    def take(self, n: int, slots: frozenset[int] = frozenset(), num_slots: int = 0, timeout: float = 1.0) -> list[Task]:
+        """Up to n tasks: what arrives within `timeout` (fewer, or none, when the topic runs dry)."""
+        out = []
+        for msg in self.consumer.consume(n, timeout=timeout):
+            if msg.error() is not None:
                 continue
             try:
-                yield decode(msg.value(), Task)
+                out.append(decode(msg.value(), Task))
             except DecodeError as e:
-                if on_bad is not None:
-                    on_bad(msg, e)
-    finally:
-        consumer.close()
+                if self.on_bad is not None:
+                    self.on_bad(msg, e)
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
-def make_task_source(data: DataConfig, kafka: KafkaConfig, namespace: str, shard: int, num_shards: int,
-                     on_bad=None) -> Iterator[Task]:
+def make_task_source(data: DataConfig, kafka: KafkaConfig, namespace: str, seed: int,
+                     on_bad=None) -> FileTasks | TopicTasks:
     if data.source == "topic":
-        return topic_tasks(kafka, namespace, on_bad)
+        return TopicTasks(kafka, namespace, on_bad)
     if not data.train:
         raise ValueError("data.train must name a task file when data.source is 'file'")
     tasks = load_task_file(data.train, data.prompt_key, data.answer_key)
-    return file_tasks(tasks, shard, num_shards, data.shuffle, data.seed)
+    return FileTasks(tasks, data.shuffle, seed)
