@@ -42,7 +42,6 @@ class Membership:
     def __init__(self, kafka: KafkaConfig, namespace: str, member_name: str, num_slots: int = NUM_SLOTS):
         self.kafka, self.topic, self.group, self.name = kafka, slots_topic(namespace), members_group(namespace), member_name
         self.num_slots = num_slots
-        self.generation = 0  # assignments received so far
         self._slots: frozenset[int] = frozenset()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -77,7 +76,6 @@ class Membership:
         with self._lock:
             changed = slots != self._slots
             self._slots = slots
-            self.generation += 1
         if changed:
             log.info("%s: %d of %d slots", self.name, len(slots), self.num_slots)
 
