@@ -174,6 +174,11 @@ class SamplingConfig(Section):
 
 class ExplorerConfig(Section):
     num_explorers: int = Field(2, ge=1)
+    """Explorers `streamrft run` starts. Explorers may join and leave a run at will: task shards
+    and admission quota follow the explorers present (see `num_slots`), not this number."""
+    num_slots: int = Field(64, ge=1, le=4096)
+    """Partitions of `<ns>.explorer-slots`, the unit in which the `<ns>.explorer-members` group
+    shares tasks and quota among the explorers present (more explorers than slots: some idle)."""
     team: str = "default"
     group_size: int = Field(8, ge=1)
     """n: trajectories per task, published together as one RolloutGroup."""

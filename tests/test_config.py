@@ -167,6 +167,8 @@ OUT_OF_RANGE = [
     ("model.build.seed=-1", "model.build.seed: must be >= 0 (got -1)"),
     ("data.seed=-1", "data.seed: must be >= 0 (got -1)"),
     ("explorer.num_explorers=0", "explorer.num_explorers: must be >= 1 (got 0)"),
+    ("explorer.num_slots=0", "explorer.num_slots: must be >= 1 and <= 4096 (got 0)"),
+    ("explorer.num_slots=5000", "explorer.num_slots: must be >= 1 and <= 4096 (got 5000)"),
     ("explorer.group_size=0", "explorer.group_size: must be >= 1 (got 0)"),
     ("explorer.tasks_per_batch=0", "explorer.tasks_per_batch: must be >= 1 (got 0)"),
     ("explorer.torch_threads=0", "explorer.torch_threads: must be >= 1 (got 0)"),

@@ -51,7 +51,7 @@ class Explorer:
                                       Path(cfg.output_dir) / "cache" / self.id)
         self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
         self.run_quota = run_quota(cfg.trainer.max_staleness, cfg.trainer.batch_groups, cfg.trainer.sync_interval)
-        self.members = Membership(cfg.kafka, cfg.namespace, self.id)
+        self.members = Membership(cfg.kafka, cfg.namespace, self.id, cfg.explorer.num_slots)
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
                       "generate_s": 0.0}
