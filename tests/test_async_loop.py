@@ -20,30 +20,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from streamrft.config import load_config
-from streamrft.infra.kafka import committed_offsets, make_consumer, partition_ends
+from streamrft.infra.kafka import committed_offsets
 from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
-from tests_helpers import demo_overrides
+from tests_helpers import demo_overrides, read_all as _read_all
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
 
 pytestmark = pytest.mark.slow
-
-
-def _read_all(kafka, topic: str) -> list:
-    """Every record of `topic`, read from the start of each partition up to its true end."""
-    ends = partition_ends(kafka, topic)
-    consumer = make_consumer(kafka, None)
-    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
-    want, got = sum(e.end - e.start for e in ends), []
-    deadline = time.monotonic() + 60
-    while len(got) < want and time.monotonic() < deadline:
-        got += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
-    consumer.close()
-    return got
 
 
 def _committed(stack, group: str, topic: str) -> dict[int, int]:

@@ -15,3 +15,25 @@ def demo_overrides(stack, out: Path, extra: list[str] = ()) -> list[str]:
         "trainer.batch_groups=4", "trainer.max_staleness=1", "eval.every_versions=2", "eval.max_tasks=20",
         *extra,
     ]
+
+
+def read_all(kafka, topic: str, deadline_s: float = 60.0) -> list:
+    """Every record of `topic`, read from the start of each partition up to its true end
+    (`partition_ends`: the embedded broker's reported end offsets are wrong)."""
+    import time
+
+    from confluent_kafka import TopicPartition
+
+    from streamrft.infra.kafka import make_consumer, partition_ends
+
+    ends = partition_ends(kafka, topic)
+    consumer = make_consumer(kafka, None)
+    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+    want, got = sum(e.end - e.start for e in ends), []
+    deadline = time.monotonic() + deadline_s
+    try:
+        while len(got) < want and time.monotonic() < deadline:
+            got += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return got
