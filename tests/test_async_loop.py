@@ -186,3 +186,30 @@ def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path):
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_run_restarts_a_role_that_dies_and_still_finishes(stack, tmp_path):
+    """`streamrft run` supervises its roles: a stream-ops worker and an explorer killed with -9
+    are started again (as compose's restart: on-failure would) and the run completes."""
+    steps = 8
+    proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "run", str(DEMO),
+                             *demo_overrides(stack, tmp_path, [f"trainer.max_steps={steps}", "eval.every_versions=0"])],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:  # the roles run once the first progress line is out
+            lines.append(line)
+            if line.startswith("[") and "step" in line:
+                break
+        roles = json.loads(next(tmp_path.glob("*/roles.json")).read_text())
+        for name in ("stream-ops", "explorer-1"):
+            os.kill(roles[name], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + out
+    assert proc.returncode == 0, out[-4000:]
+    assert "stream-ops exited with -9: restart 1 of" in out and "explorer-1 exited with -9: restart 1 of" in out
+    final = next(line for line in out.splitlines() if line.startswith("final:"))
+    assert f"versions={steps}" in final

@@ -3,7 +3,8 @@
 Starts the embedded stack unless the config names external ones, prepares data/model/warm-up,
 creates the run's topics, launches the trainer, one stream-ops worker and
 `explorer.num_explorers` explorers as processes (`streamrft train|score|explore` on the resolved
-config), shows a live progress line, and stops everything at the end or on Ctrl-C. It prints one
+config), restarts a role that fails (as compose's `restart: on-failure` does), shows a live
+progress line, and stops everything at the end or on Ctrl-C. It prints one
 `final:` line and writes `reward_curve.png`, TensorBoard logs and the resolved config.
 """
 from __future__ import annotations
@@ -16,6 +17,10 @@ import time
 from pathlib import Path
 
 from streamrft.config import RunConfig, dump_config, load_config
+
+
+MAX_RESTARTS = 5
+"""A role that exits non-zero is started again, at most this many times per run."""
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -121,10 +126,12 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
 
         logs = out / "logs"
-        procs["trainer"] = _spawn(["train", str(resolved)], logs / "trainer.log")
-        procs["stream-ops"] = _spawn(["score", str(resolved)], logs / "stream-ops.log")
-        for i in range(cfg.explorer.num_explorers):
-            procs[f"explorer-{i}"] = _spawn(["explore", str(resolved), "--index", str(i)], logs / f"explorer-{i}.log")
+        commands = {"trainer": ["train", str(resolved)], "stream-ops": ["score", str(resolved)],
+                    **{f"explorer-{i}": ["explore", str(resolved), "--index", str(i)]
+                       for i in range(cfg.explorer.num_explorers)}}
+        for name, args in commands.items():
+            procs[name] = _spawn(args, logs / f"{name}.log")
+        restarts = dict.fromkeys(commands, 0)
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
         (out / "roles.json").write_text(json.dumps({name: p.pid for name, p in procs.items()}, indent=1))
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
@@ -132,11 +139,20 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         follower.start_lag_thread()
         last_line = 0.0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
-        while procs["trainer"].poll() is None:
+        while procs["trainer"].poll() is None or procs["trainer"].returncode != 0:
             view = follower.poll(0.5)
             for name, p in procs.items():
-                if name != "trainer" and p.poll() is not None and p.returncode != 0:
-                    raise RuntimeError(f"{name} exited with {p.returncode}; see {logs / (name + '.log')}")
+                if p.poll() is None or p.returncode == 0:
+                    continue
+                # a role that failed (e.g. a delivery it could not complete while the broker was
+                # away) is started again and redoes its work from its durable state
+                if restarts[name] >= MAX_RESTARTS:
+                    raise RuntimeError(f"{name} exited with {p.returncode} after {MAX_RESTARTS} restarts; "
+                                       f"see {logs / (name + '.log')}")
+                restarts[name] += 1
+                print(f"{name} exited with {p.returncode}: restart {restarts[name]} of {MAX_RESTARTS}", flush=True)
+                procs[name] = _spawn(commands[name], logs / f"{name}.log")
+                (out / "roles.json").write_text(json.dumps({n: q.pid for n, q in procs.items()}, indent=1))
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
                 print(view.line(), flush=True)
