@@ -1,8 +1,10 @@
 """Every message on every topic, one pydantic model each, and the one msgpack codec.
 
-Wire format: msgpack of the model's dict (`model_dump()`; bytes stay msgpack bin), tagged with `kind` and a
-`schema` version; nothing is pickled. `streamrft schema NAME` prints the JSON Schema of a model so
-producers in any language can follow it. Decoding failures raise `DecodeError` naming the field.
+Wire format: msgpack of the model's dict (`model_dump()`), tagged with `kind` and a `schema` version;
+nothing is pickled. `streamrft schema NAME` prints a model's JSON Schema: it is the whole wire
+contract. `decode` enforces exactly it, with no type coercion, plus the rules across fields that a
+JSON Schema cannot state (the models' descriptions spell those out). Models built in Python keep
+pydantic's usual conversions but every bound, so what a role builds is what `decode` accepts.
 """
 from __future__ import annotations
 
@@ -10,12 +12,25 @@ import math
 import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
+from pydantic_core import core_schema as cs
 
 SCHEMA_VERSION = 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+LOGPROB_MAX = 1e-4  # engines' float rounding can leave a sampled token's log-prob a hair above 0
+MAX_JSON_DEPTH = 10  # arrays/objects nested in a free-form field, the field's own object included
+
+WIRE_RULES = (
+    "A message is a msgpack map (the JSON object below). Types are exact: integers are msgpack "
+    "integers (a float such as 3.0 is not an integer here, although JSON Schema's 'integer' admits it), "
+    "a string is never a number, a boolean never a number. Numbers are finite. No field outside the schema. "
+    "Rules across fields are stated in the descriptions and are enforced by the decoder."
+)
 
 
 def _now() -> float:
@@ -26,31 +41,131 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+# ---- field types --------------------------------------------------------------------------------
+# Every integer is bounded within signed 64 bits, so every decoded message encodes again (msgpack
+# stops at 64 bits; a decimal string of 10**23 once got through and crashed the encoder).
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]  # token ids, versions, steps
+Bit = Annotated[int, Field(ge=0, le=1)]
+Partition = Annotated[int, Field(ge=-1, le=2**31 - 1, description="Kafka partition; -1 = unknown")]
+Offset = Annotated[int, Field(ge=-1, le=INT64_MAX, description="Kafka offset; -1 = unknown")]
+LogProb = Annotated[float, Field(le=LOGPROB_MAX)]
+Id = Annotated[str, Field(min_length=1, max_length=256)]
+Name = Annotated[str, Field(max_length=256)]
+TopicName = Annotated[str, Field(max_length=249)]  # Kafka's limit
+# a team names its rollouts topic `<ns>.rollouts.<team>`, so only topic-name characters
+Team = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=200,
+                            description="team name: letters, digits, '.', '_', '-'")]
+
+
+class _NotJson(Exception):
+    """Raised by `_check_json`; `path` is filled in on the way out."""
+
+    def __init__(self, problem: str):
+        self.path: list[str] = []
+        self.problem = problem
+
+
+def _check_json(value: Any, levels: int) -> None:
+    """Raise `_NotJson` unless `value` is a JSON value with at most `levels` nested arrays/objects."""
+    if isinstance(value, (str, bool)) or value is None:
+        return
+    if isinstance(value, (int, float)):
+        if not INT64_MIN <= value <= INT64_MAX:  # NaN fails this too
+            raise _NotJson(f"{value!r} is not a finite number" if isinstance(value, float) and not math.isfinite(value)
+                           else f"{value!r} is outside [-2^63, 2^63-1]")
+        return
+    if not isinstance(value, (dict, list)):
+        raise _NotJson(f"a {type(value).__name__} is not a JSON value")
+    if levels <= 0:
+        raise _NotJson(f"arrays/objects nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise _NotJson(f"object key {key!r} is not a string")
+    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        try:
+            _check_json(item, levels - 1)
+        except _NotJson as e:
+            e.path.insert(0, str(key))
+            raise
+
+
+def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        _check_json(value, MAX_JSON_DEPTH)
+    except _NotJson as e:
+        raise PydanticCustomError("json_value", "{problem}", {"at": ".".join(e.path), "problem": e.problem}) from None
+    return value
+
+
+class _JsonValueSchema:
+    """JSON Schema of `JsonObject`: one definition per nesting level, as the depth bound needs."""
+
+    @staticmethod
+    def _level(k: int) -> cs.CoreSchema:
+        def render(_core: Any, handler: Any) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "description": f"a JSON value with at most {k} nested arrays/objects; numbers in [-2^63, 2^63-1]",
+                "type": ["null", "boolean", "number", "string"] + (["array", "object"] if k else []),
+                "minimum": INT64_MIN, "maximum": INT64_MAX}
+            if k:
+                inner = handler(cs.definition_reference_schema(f"JsonValueDepth{k - 1}"))
+                out["items"] = out["additionalProperties"] = inner
+            return out
+        return cs.any_schema(ref=f"JsonValueDepth{k}", metadata={"pydantic_js_functions": [render]})
+
+    def __get_pydantic_json_schema__(self, _core: Any, handler: Any) -> dict[str, Any]:
+        top = cs.dict_schema(cs.str_schema(), cs.definition_reference_schema(f"JsonValueDepth{MAX_JSON_DEPTH - 1}"))
+        return handler(cs.definitions_schema(top, [self._level(k) for k in range(MAX_JSON_DEPTH)]))
+
+
+# free-form data (Task.metadata, Trajectory.info): JSON values only, so every language can read them
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object), _JsonValueSchema()]
+FREE_FORM = f"free-form JSON object: arrays/objects nested at most {MAX_JSON_DEPTH} deep, this one included"
+
+
+def _error_at(at: str, problem: str) -> PydanticCustomError:
+    """A validation error whose `at` extends the failing field's path (see `decode`): "trajectories" + "1.team"."""
+    return PydanticCustomError("cross_field", "{problem}", {"at": at, "problem": problem})
+
+
+def _wire_json_schema(schema: dict[str, Any]) -> None:
+    # `kind` is required on the wire; Python code may leave it out, the model knows its own kind
+    schema["properties"]["kind"].pop("default", None)
+    schema["required"] = ["kind", *(r for r in schema.get("required", []) if r != "kind")]
+
+
+_WIRE: dict[str, bool] = {"wire": True}  # validation context of `decode`
+
+
 class Message(BaseModel):
     """Base of every wire message: a `kind` tag, a schema version, a creation time (epoch s)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_wire_json_schema)
 
-    schema_version: int = Field(SCHEMA_VERSION, alias="schema", description="wire schema version")
-    created_at: float = Field(default_factory=_now, description="epoch seconds when created")
+    schema_version: int = Field(SCHEMA_VERSION, alias="schema", ge=1, le=SCHEMA_VERSION,
+                                json_schema_extra={"enum": list(range(1, SCHEMA_VERSION + 1))},
+                                description="wire schema version")
+    created_at: float = Field(default_factory=_now, description="epoch seconds when created (finite)")
 
-    @field_validator("schema_version")
+    @model_validator(mode="before")
     @classmethod
-    def _known_schema(cls, v: int) -> int:
-        if v < 1 or v > SCHEMA_VERSION:
-            raise ValueError(f"unsupported schema version {v}; this reader knows 1..{SCHEMA_VERSION}")
-        return v
+    def _kind_on_the_wire(cls, data: Any, info: ValidationInfo) -> Any:
+        # Python code may leave `kind` out (the model knows its own); a wire message may not
+        if info.context is _WIRE and isinstance(data, dict) and "kind" not in data:
+            raise _error_at("kind", "Field required: every message, nested ones too, names its kind")
+        return data
 
 
 class Task(Message):
     """One prompt to explore, with what a verifier needs to score it."""
 
     kind: Literal["task"] = "task"
-    task_id: str = Field(default_factory=new_id)
+    task_id: Id = Field(default_factory=new_id)
     prompt: str = Field(description="the prompt text (or a chat rendered by the workflow)")
     answer: str | None = Field(None, description="ground truth for verifiers, if any")
-    prompt_ids: list[int] | None = Field(None, description="pre-tokenised prompt, optional")
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    prompt_ids: list[Count] | None = Field(None, description="pre-tokenised prompt, optional")
+    metadata: JsonObject = Field(default_factory=dict, description=FREE_FORM)
 
 
 class Trajectory(Message):
@@ -58,59 +173,34 @@ class Trajectory(Message):
 
     For multi-turn runs `response_ids` holds every token after the prompt (model turns and
     environment/tool turns interleaved); `loss_mask` is 1 on model tokens, 0 on the others, and
-    `logprobs` is 0.0 where the mask is 0.
+    `logprobs` is 0.0 where the mask is 0. Across fields: `logprobs`, and `loss_mask` when present,
+    have exactly one entry per `response_ids` entry.
     """
 
     kind: Literal["trajectory"] = "trajectory"
-    traj_id: str = Field(default_factory=new_id, description="globally unique; the trainer dedups on it")
-    group_id: str
-    task_id: str
-    team: str = "default"
-    model_version: int = Field(ge=0, description="weight version that generated it")
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float] = Field(description="behaviour log-prob of each response token")
-    loss_mask: list[int] | None = Field(None, description="1 = train on this token; default all 1")
+    traj_id: Id = Field(default_factory=new_id, description="globally unique; the trainer dedups on it")
+    group_id: Id = Field(description="in a group: equal to the group's group_id")
+    task_id: Id = Field(description="in a group: equal to the group's task.task_id")
+    team: Team = Field("default", description="in a group: equal to the group's team")
+    model_version: Count = Field(description="weight version that generated it")
+    prompt_ids: list[Count] = Field(min_length=1, description="the prompt's token ids")
+    response_ids: list[Count] = Field(description="every token after the prompt, as sampled")
+    logprobs: list[LogProb] = Field(
+        description=f"behaviour log-prob of each response token: one per response_ids entry, <= 0 "
+                    f"(up to {LOGPROB_MAX} is tolerated as rounding)")
+    loss_mask: list[Bit] | None = Field(
+        None, description="1 = train on this token, one per response_ids entry; default all 1")
     response_text: str = ""
     env_reward: float | None = Field(None, description="reward given by the environment, if any")
-    finish_reason: str = "stop"
-    info: dict[str, Any] = Field(default_factory=dict)
+    finish_reason: Name = "stop"
+    info: JsonObject = Field(default_factory=dict, description=FREE_FORM)
 
-    @field_validator("prompt_ids", "response_ids")
+    @field_validator("logprobs", "loss_mask")
     @classmethod
-    def _token_ids(cls, v: list[int]) -> list[int]:
-        if any(t < 0 for t in v):
-            raise ValueError("token ids must be >= 0")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: list[float], info: ValidationInfo) -> list[float]:
-        for lp in v:
-            if not math.isfinite(lp) or lp > 1e-4:
-                raise ValueError(f"log-probs must be finite and <= 0, got {lp}")
-        n = len(info.data.get("response_ids", v))
-        if len(v) != n:
-            raise ValueError(f"logprobs has {len(v)} entries for {n} response tokens")
-        return v
-
-    @field_validator("loss_mask")
-    @classmethod
-    def _loss_mask(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
-        if v is None:
-            return v
-        n = len(info.data.get("response_ids", v))
-        if len(v) != n:
-            raise ValueError(f"loss_mask has {len(v)} entries for {n} response tokens")
-        if any(m not in (0, 1) for m in v):
-            raise ValueError("loss_mask entries must be 0 or 1")
-        return v
-
-    @field_validator("prompt_ids")
-    @classmethod
-    def _prompt(cls, v: list[int]) -> list[int]:
-        if not v:
-            raise ValueError("prompt_ids is empty")
+    def _one_per_token(cls, v: list | None, info: ValidationInfo) -> list | None:
+        n = len(info.data.get("response_ids", v or ()))
+        if v is not None and len(v) != n:
+            raise ValueError(f"{info.field_name} has {len(v)} entries for {n} response tokens")
         return v
 
     def mask(self) -> list[int]:
@@ -118,45 +208,59 @@ class Trajectory(Message):
 
 
 class RolloutGroup(Message):
-    """The n trajectories of one task, published together once all n are done."""
+    """The n trajectories of one task, published together once all n are done.
+
+    Across fields: every trajectory's `group_id`, `task_id` and `team` equal the group's
+    `group_id`, `task.task_id` and `team`, and no two trajectories share a `traj_id`. On a
+    rollouts topic the group's `team` is the topic's (`<ns>.rollouts.<team>`); stream ops check it.
+    """
 
     kind: Literal["rollout_group"] = "rollout_group"
-    group_id: str = Field(default_factory=new_id)
-    team: str = "default"
+    group_id: Id = Field(default_factory=new_id)
+    team: Team = Field("default", description="the team whose rollouts topic carries the group")
     task: Task
-    trajectories: list[Trajectory] = Field(min_length=1)
-    producer_id: str = ""
+    trajectories: list[Trajectory] = Field(
+        min_length=1, description="same group_id, task_id and team as the group; distinct traj_ids")
+    producer_id: Name = ""
 
     @field_validator("trajectories")
     @classmethod
     def _consistent(cls, v: list[Trajectory], info: ValidationInfo) -> list[Trajectory]:
-        group_id, task = info.data.get("group_id"), info.data.get("task")
-        for t in v:
+        group_id, team, task = info.data.get("group_id"), info.data.get("team"), info.data.get("task")
+        seen: set[str] = set()
+        for i, t in enumerate(v):
             if group_id is not None and t.group_id != group_id:
-                raise ValueError(f"trajectory {t.traj_id} has group_id {t.group_id}, group is {group_id}")
+                raise _error_at(f"{i}.group_id",
+                                f"trajectory {t.traj_id} has group_id {t.group_id}, group is {group_id}")
             if task is not None and t.task_id != task.task_id:
-                raise ValueError(f"trajectory {t.traj_id} has task_id {t.task_id}, task is {task.task_id}")
-        ids = [t.traj_id for t in v]
-        if len(set(ids)) != len(ids):
-            raise ValueError("duplicate traj_id inside the group")
+                raise _error_at(f"{i}.task_id",
+                                f"trajectory {t.traj_id} has task_id {t.task_id}, task is {task.task_id}")
+            if team is not None and t.team != team:
+                raise _error_at(f"{i}.team", f"trajectory {t.traj_id} has team {t.team!r}, group is {team!r}")
+            if t.traj_id in seen:
+                raise _error_at(f"{i}.traj_id", f"duplicate traj_id {t.traj_id} inside the group")
+            seen.add(t.traj_id)
         return v
 
 
 class ExperienceGroup(Message):
-    """A scored group: rewards and advantages per trajectory, and a replay priority."""
+    """A scored group: rewards and advantages per trajectory, and a replay priority.
+
+    Across fields: `rewards` and `advantages` have exactly one entry per trajectory.
+    """
 
     kind: Literal["experience_group"] = "experience_group"
-    group_id: str
-    team: str = "default"
+    group_id: Id
+    team: Team = "default"
     task: Task
     trajectories: list[Trajectory] = Field(min_length=1)
-    rewards: list[float]
-    advantages: list[float]
+    rewards: list[float] = Field(description="one per trajectory")
+    advantages: list[float] = Field(description="one per trajectory")
     reward_components: dict[str, list[float]] = Field(default_factory=dict)
     priority: float = 0.0
-    source_topic: str = ""
-    source_partition: int = -1
-    source_offset: int = -1
+    source_topic: TopicName = ""
+    source_partition: Partition = -1
+    source_offset: Offset = -1
 
     @field_validator("rewards", "advantages")
     @classmethod
@@ -171,12 +275,12 @@ class WeightVersion(Message):
     """Announces a published weight version; the manifest in S3 is the source of truth."""
 
     kind: Literal["weight_version"] = "weight_version"
-    model: str
-    version: int = Field(ge=0)
-    bucket: str
-    prefix: str = Field(description="object prefix, e.g. 'policy/v3/'")
-    manifest_sha256: str = ""
-    step: int = 0
+    model: Id
+    version: Count
+    bucket: Id
+    prefix: str = Field(max_length=1024, description="object prefix, e.g. 'policy/v3/'")
+    manifest_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="lowercase hex, or empty")
+    step: Count = 0
     adapter_only: bool = False
 
 
@@ -184,24 +288,28 @@ class Metric(Message):
     """A batch of scalar metrics from one role at one step."""
 
     kind: Literal["metric"] = "metric"
-    role: str
-    role_id: str
-    step: int = 0
-    values: dict[str, float]
+    role: Name
+    role_id: Name
+    step: Count = 0
+    values: dict[str, float] = Field(description="metric name -> finite value")
 
 
 class DeadLetter(Message):
-    """A record that could not be processed: the original bytes plus why and where from."""
+    """A record that could not be processed: the original bytes plus why and where from.
+
+    `key` and `value` are msgpack bin (raw bytes), outside the JSON contract: only streamrft's own
+    roles write dead letters; other producers never do.
+    """
 
     kind: Literal["dead_letter"] = "dead_letter"
     reason: str
-    error_type: str = ""
-    source_topic: str
-    source_partition: int = -1
-    source_offset: int = -1
-    role: str = ""
-    key: bytes | None = None
-    value: bytes
+    error_type: Name = ""
+    source_topic: TopicName
+    source_partition: Partition = -1
+    source_offset: Offset = -1
+    role: Name = ""
+    key: bytes | None = Field(None, description="the original record's key: msgpack bin, not JSON")
+    value: bytes = Field(description="the original record's value: msgpack bin, not JSON")
 
 
 MESSAGES: dict[str, type[Message]] = {
@@ -261,18 +369,24 @@ def decode(data: bytes, expected: type[Message] | None = None) -> Message:
     kind = obj.get("kind")
     cls = MESSAGES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise DecodeError("kind", f"unknown message kind {kind!r}; allowed: {sorted(MESSAGES)}")
+        problem = "missing" if "kind" not in obj else f"unknown message kind {kind!r}"
+        raise DecodeError("kind", f"{problem}; allowed: {sorted(MESSAGES)}")
     if expected is not None and cls is not expected:
         raise DecodeError("kind", f"expected {expected.model_fields['kind'].default!r}, got {kind!r}")
     try:
-        return cls.model_validate(obj)
+        return cls.model_validate(obj, strict=True, context=_WIRE)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        raise DecodeError(field, err["msg"]) from None
+        err = e.errors(include_url=False, include_input=False)[0]
+        path = [str(p) for p in err["loc"]]
+        at = (err.get("ctx") or {}).get("at")
+        if at:
+            path.append(at)
+        raise DecodeError(".".join(path) or "<root>", err["msg"]) from None
 
 
 def json_schema(name: str) -> dict:
+    """The JSON Schema (draft 2020-12) of one message: the wire contract for producers in any language."""
     if name not in MESSAGES:
         raise ValueError(f"unknown message {name!r}; allowed: {sorted(MESSAGES)}")
-    return MESSAGES[name].model_json_schema(by_alias=True)
+    schema = MESSAGES[name].model_json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$comment": WIRE_RULES, **schema}

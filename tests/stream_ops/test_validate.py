@@ -59,7 +59,7 @@ def test_trajectory_of_another_task():
 
 def test_schema_errors_name_the_field():
     assert reason(tampered(trajectories__0__model_version=-1)).field == "trajectories.0.model_version"
-    assert reason(tampered(trajectories__0__logprobs=[0.5, -1.0])).field == "trajectories.0.logprobs"
+    assert reason(tampered(trajectories__0__logprobs=[0.5, -1.0])).field == "trajectories.0.logprobs.0"
     assert "logprobs has 1 entries" in reason(tampered(trajectories__1__logprobs=[-1.0])).reason
     assert reason(tampered(trajectories=[])).field == "trajectories"
 
@@ -79,3 +79,40 @@ def test_team_of_topic():
     assert team_of_topic("ns.rollouts.red", "ns") == "red"
     assert team_of_topic("ns.rollouts.", "ns") is None
     assert team_of_topic("other.rollouts.red", "ns") is None
+
+
+def test_non_finite_created_at_and_out_of_range_numbers():
+    assert reason(tampered(created_at=float("inf"))).field == "created_at"
+    assert reason(tampered(trajectories__1__created_at=float("nan"))).field == "trajectories.1.created_at"
+    assert reason(tampered(trajectories__0__model_version="99999999999999999999999")).field == \
+        "trajectories.0.model_version"
+    assert reason(tampered(task__prompt_ids=[1, -2])).field == "task.prompt_ids.1"
+    assert reason(tampered(task__metadata={"a": [float("nan")]})).field == "task.metadata.a.0"
+
+
+def test_missing_kind_is_rejected_like_the_schema_says():
+    raw = make_group().model_dump(by_alias=True)
+    del raw["kind"]
+    assert reason(msgpack.packb(raw, use_bin_type=True)).field == "kind"
+
+
+def test_only_invalid_rollout_escapes(monkeypatch):
+    import random
+
+    rng = random.Random(7)
+    good = encode(make_group())
+    for _ in range(300):  # random damage to a good record: always InvalidRollout or a group
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            validate(bytes(data))
+        except InvalidRollout:
+            pass
+
+    def broken_decoder(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr("streamrft.stream_ops.validate.decode", broken_decoder)
+    e = reason(good)
+    assert e.field == "<bytes>" and "RecursionError" in e.reason
