@@ -7,7 +7,7 @@ import pytest
 
 from streamrft.config import RunConfig
 from streamrft.schemas import RolloutGroup, Task, Trajectory
-from streamrft.stream_ops.rewards import REWARDS
+from streamrft.stream_ops.rewards import REWARDS, resolve_reward
 from streamrft.stream_ops.scoring import ResolvedReward, ScoringError, build_scorer, score_group
 
 
@@ -146,6 +146,8 @@ def test_build_scorer_batch_level_advantage_sends_zeros_and_keeps_zero_variance(
     assert exp.rewards == [1.0] and exp.advantages == [0.0]
 
 
-def test_build_scorer_rejects_unknown_reward():
+def test_unknown_reward_is_rejected_at_config_load_and_by_the_registry():
+    with pytest.raises(ValueError, match=r"stream_ops.rewards.0.name"):
+        cfg(stream_ops={"rewards": [{"name": "nope"}]})
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
-        build_scorer(cfg(stream_ops={"rewards": [{"name": "nope"}]}))
+        resolve_reward("nope")
