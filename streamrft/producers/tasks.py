@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from streamrft.config import DataConfig, KafkaConfig
 from streamrft.schemas import DecodeError, Task, decode, topic_name
 
@@ -28,8 +30,14 @@ def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str
     for i, row in enumerate(rows):
         answer = row.get(answer_key)
         meta = {k: v for k, v in row.items() if k not in (prompt_key, answer_key, "task_id")}
-        tasks.append(Task(task_id=str(row.get("task_id") or f"{path.stem}-{i}"), prompt=row[prompt_key],
-                          answer=None if answer is None else str(answer), metadata=meta))
+        try:
+            tasks.append(Task(task_id=str(row.get("task_id") or f"{path.stem}-{i}"), prompt=row[prompt_key],
+                              answer=None if answer is None else str(answer), metadata=meta))
+        except ValidationError as e:  # e.g. NaN or a date in an extra column: not a JSON value
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise ValueError(f"task file {path} row {i}: {where}: {err['msg']} (extra columns become "
+                             f"metadata, which must be JSON values)") from None
     return tasks
 
 
