@@ -293,6 +293,15 @@ class Metric(Message):
     step: Count = 0
     values: dict[str, float] = Field(description="metric name -> finite value")
 
+    @classmethod
+    def of_finite(cls, role: str, role_id: str, step: int, values: dict[str, float]) -> "Metric":
+        """A Metric of the finite values only (JSON carries no NaN): a role whose loss turned NaN
+        reports it as `nonfinite_values` (how many were dropped) instead of crashing."""
+        kept = {k: float(v) for k, v in values.items() if math.isfinite(v)}
+        if len(kept) < len(values):
+            kept["nonfinite_values"] = float(len(values) - len(kept))
+        return cls(role=role, role_id=role_id, step=step, values=kept)
+
 
 class DeadLetter(Message):
     """A record that could not be processed: the original bytes plus why and where from.

@@ -419,3 +419,10 @@ def test_json_schema_states_the_rules():
 def test_json_schema_unknown_name():
     with pytest.raises(ValueError, match="rollout_group"):
         json_schema("rollout")
+
+
+def test_metric_of_finite_drops_and_counts_non_finite_values():
+    m = Metric.of_finite("trainer", "t-1", 3, {"loss": float("nan"), "grad_norm": float("inf"), "reward": 0.5})
+    assert m.values == {"reward": 0.5, "nonfinite_values": 2.0}
+    assert decode(encode(m), Metric) == m
+    assert Metric.of_finite("trainer", "t-1", 3, {"reward": 0.5}).values == {"reward": 0.5}

@@ -57,7 +57,7 @@ class Explorer:
                       "generate_s": 0.0}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
-        m = Metric(role=role, role_id=self.id, step=self.engine.version, values=values)
+        m = Metric.of_finite(role, self.id, self.engine.version, values)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
     def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
