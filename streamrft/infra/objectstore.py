@@ -3,28 +3,56 @@
 Layout: `s3://<bucket>/<model>/v<N>/<file>` plus `manifest.json` (every file's size and sha256),
 written LAST. A version exists only once its manifest does, so a publisher that dies mid-upload
 leaves nothing a reader would load; `fetch_version` verifies every byte before returning.
+Every S3 call rides out a restart of the server: transient errors (connection refused or reset,
+timeouts, 5xx) are retried with exponential backoff for up to `retry_s` seconds, then
+`StoreUnavailableError` says so loudly. Errors that a retry cannot fix (NoSuchKey, access
+denied, a corrupt file) are raised at once.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import urllib3
 from minio import Minio
 from minio.deleteobjects import DeleteObject
+from minio.error import InvalidResponseError, S3Error, ServerError
 
 from streamrft.config import S3Config
 
+log = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
 _VERSION_RE = re.compile(r"^v(\d+)/" + re.escape(MANIFEST) + "$")
+# S3 error codes that mean "try again later", not "this request is wrong"
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "OperationAborted"}
 
 
 class CorruptVersionError(RuntimeError):
     """A fetched file does not match the size or sha256 its manifest records."""
+
+
+class StoreUnavailableError(RuntimeError):
+    """S3 kept failing with transient errors for the whole retry budget."""
+
+
+def is_transient(err: BaseException) -> bool:
+    """True for errors a restarted or overloaded S3 server gives: retrying may succeed."""
+    if isinstance(err, S3Error):
+        status = getattr(err.response, "status", 0) or 0
+        return err.code in _TRANSIENT_CODES or status >= 500
+    if isinstance(err, ServerError):  # 5xx without an S3 error document
+        return True
+    if isinstance(err, InvalidResponseError):  # a non-XML body, e.g. a proxy's 502 page while S3 restarts
+        return True
+    # urllib3: MaxRetryError (refused, reset), ProtocolError, timeouts; builtins for the same below it
+    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
 @dataclass
@@ -52,41 +80,79 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
 
 
 def make_client(cfg: S3Config) -> Minio:
+    # minio's default waits 5 minutes to connect or read and retries on its own; here a failed
+    # request goes straight to the store's retries, which bound the total wait and log each try
+    import certifi
+
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=10, read=120), maxsize=10,
+                               cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                               retries=urllib3.Retry(total=5, connect=0, read=0, other=0))
     return Minio(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key,
-                 secure=cfg.secure, region=cfg.region)
+                 secure=cfg.secure, region=cfg.region, http_client=http)
 
 
 class WeightStore:
-    def __init__(self, cfg: S3Config, client: Minio | None = None):
+    def __init__(self, cfg: S3Config, client: Minio | None = None, retry_s: float = 60.0):
         self.client = client or make_client(cfg)
         self.bucket = cfg.bucket
+        self.endpoint = cfg.endpoint
+        self.retry_s = retry_s
+
+    def _retry(self, what: str, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)`, retried with exponential backoff while its errors are transient."""
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.25
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                left = deadline - time.monotonic()
+                reason = f"{type(e).__name__}: {str(e)[:200]}"
+                if left <= 0:
+                    raise StoreUnavailableError(f"S3 at {self.endpoint}: {what} kept failing for "
+                                                f"{self.retry_s:.0f}s; last error {reason}") from e
+                log.warning("S3 %s failed (%s); retrying in %.1fs", what, reason, min(delay, left))
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 8.0)
 
     def ensure_bucket(self) -> None:
-        if not self.client.bucket_exists(self.bucket):
-            self.client.make_bucket(self.bucket)
+        if not self._retry("bucket_exists", self.client.bucket_exists, self.bucket):
+            self._retry("make_bucket", self.client.make_bucket, self.bucket)
 
     @staticmethod
     def prefix(model: str, version: int) -> str:
         return f"{model}/v{version}/"
 
     def publish_version(self, model: str, version: int, files: list[Path], meta: dict | None = None) -> Manifest:
-        """Upload `files` (flat names), then the manifest; returns the manifest written."""
+        """Upload `files` (flat names), then the manifest; returns the manifest written.
+
+        Re-publishing a version (a trainer redoing steps after a crash) first removes its old
+        manifest, so no reader sees the old manifest over new files while the upload runs.
+        """
         prefix = self.prefix(model, version)
+        self._retry(f"remove {prefix}{MANIFEST}", self.client.remove_object, self.bucket, prefix + MANIFEST)
         entries = {}
         for path in map(Path, files):
             digest = sha256_file(path)
-            self.client.fput_object(self.bucket, prefix + path.name, str(path))
+            self._retry(f"upload {prefix}{path.name}", self.client.fput_object, self.bucket, prefix + path.name, str(path))
             entries[path.name] = {"size": path.stat().st_size, "sha256": digest}
         manifest = Manifest(model, version, entries, time.time(), meta or {})
         data = manifest.to_bytes()
-        self.client.put_object(self.bucket, prefix + MANIFEST, io.BytesIO(data), len(data),
-                               content_type="application/json")
+        self._retry(f"upload {prefix}{MANIFEST}", lambda: self.client.put_object(
+            self.bucket, prefix + MANIFEST, io.BytesIO(data), len(data), content_type="application/json"))
         return manifest
+
+    def _list(self, prefix: str) -> list:
+        # list_objects is lazy: the whole listing is one retried unit
+        return self._retry(f"list {prefix}", lambda: list(self.client.list_objects(self.bucket, prefix=prefix,
+                                                                                     recursive=True)))
 
     def list_versions(self, model: str) -> list[int]:
         """Versions whose manifest exists, ascending."""
         versions = []
-        for obj in self.client.list_objects(self.bucket, prefix=f"{model}/", recursive=True):
+        for obj in self._list(f"{model}/"):
             m = _VERSION_RE.match(obj.object_name[len(model) + 1:])
             if m:
                 versions.append(int(m.group(1)))
@@ -97,12 +163,17 @@ class WeightStore:
         return versions[-1] if versions else None
 
     def read_manifest(self, model: str, version: int) -> Manifest:
-        resp = self.client.get_object(self.bucket, self.prefix(model, version) + MANIFEST)
-        try:
-            return Manifest(**json.loads(resp.read()))
-        finally:
-            resp.close()
-            resp.release_conn()
+        name = self.prefix(model, version) + MANIFEST
+
+        def read() -> bytes:
+            resp = self.client.get_object(self.bucket, name)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return Manifest(**json.loads(self._retry(f"read {name}", read)))
 
     def fetch_version(self, model: str, version: int, dest: Path) -> Manifest:
         """Download every file of a version into `dest` and verify it; raises CorruptVersionError."""
@@ -112,7 +183,7 @@ class WeightStore:
         prefix = self.prefix(model, version)
         for name, expect in manifest.files.items():
             target = dest / name
-            self.client.fget_object(self.bucket, prefix + name, str(target))
+            self._retry(f"download {prefix}{name}", self.client.fget_object, self.bucket, prefix + name, str(target))
             size = target.stat().st_size
             if size != expect["size"]:
                 raise CorruptVersionError(f"{prefix}{name}: {size} bytes, manifest says {expect['size']}")
@@ -125,9 +196,10 @@ class WeightStore:
     def delete_version(self, model: str, version: int) -> None:
         prefix = self.prefix(model, version)
         # the manifest goes first so that no reader lists a half-deleted version
-        self.client.remove_object(self.bucket, prefix + MANIFEST)
-        objs = [DeleteObject(o.object_name) for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)]
-        for err in self.client.remove_objects(self.bucket, objs):
+        self._retry(f"remove {prefix}{MANIFEST}", self.client.remove_object, self.bucket, prefix + MANIFEST)
+        objs = [DeleteObject(o.object_name) for o in self._list(prefix)]
+        # remove_objects is lazy too: its per-object errors come back as values
+        for err in self._retry(f"remove {prefix}*", lambda: list(self.client.remove_objects(self.bucket, objs))):
             raise RuntimeError(f"could not delete {err.name}: {err.message}")
 
     def gc(self, model: str, keep: int) -> list[int]:
@@ -142,7 +214,7 @@ class WeightStore:
     def object_counts(self) -> dict[str, int]:
         """Objects per top-level prefix of the bucket (for `streamrft status`)."""
         counts: dict[str, int] = {}
-        for obj in self.client.list_objects(self.bucket, recursive=True):
+        for obj in self._list(""):
             top = obj.object_name.split("/", 1)[0]
             counts[top] = counts.get(top, 0) + 1
         return counts

@@ -1,23 +1,31 @@
 """Follows the weights topic in a background thread and prefetches each new version.
 
 The download and the checksum verification happen here, while the explorer keeps generating;
-the explorer only swaps the already-verified state dict in between two generations.
+the explorer only swaps the already-verified state dict in between two generations. A fetch
+that fails (S3 restarting, a corrupt object) is retried with backoff until it succeeds or a
+newer version is announced: with `max_staleness: 0` the explorer cannot go on without it.
+`latest_announced` is the newest version announced, loaded or not (explorers' admission).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from minio.error import S3Error
 
 from streamrft.config import KafkaConfig
 from streamrft.infra.kafka import make_consumer
-from streamrft.infra.objectstore import CorruptVersionError, WeightStore
+from streamrft.infra.objectstore import CorruptVersionError, StoreUnavailableError, WeightStore
 from streamrft.schemas import DecodeError, WeightVersion, decode, topic_name
 
 log = logging.getLogger(__name__)
+
+# what a fetch may fail with and still succeed later: S3 down (after the store's own retries), a
+# version missing or half-overwritten, a local disk hiccup
+FETCH_ERRORS = (CorruptVersionError, StoreUnavailableError, S3Error, OSError)
 
 
 class WeightsWatcher:
@@ -33,6 +41,8 @@ class WeightsWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weights-watcher", daemon=True)
         self.fetch_errors = 0
+        self.failed: BaseException | None = None  # what stopped the thread, raised by take()
+        self.retry_max_s = 30.0  # the longest wait between two fetches of one version
 
     def start(self) -> "WeightsWatcher":
         self._thread.start()
@@ -44,42 +54,60 @@ class WeightsWatcher:
 
     def take(self) -> tuple[int, dict] | None:
         """The newest verified (version, state_dict) not yet taken, or None."""
+        if self.failed is not None:
+            raise RuntimeError("the weights watcher stopped") from self.failed
         with self._lock:
             ready, self._ready = self._ready, None
         if ready is not None:
             self._loaded_version = ready[0]
         return ready
 
+    def _newest(self, msgs) -> int | None:
+        newest = None
+        for m in msgs:
+            if m.error() is not None:
+                if m.error().fatal():
+                    raise KafkaException(m.error())
+                log.warning("consume error on %s: %s", self.topic, m.error())
+                continue
+            try:
+                wv = decode(m.value(), WeightVersion)
+            except DecodeError as e:
+                log.warning("bad record on %s offset %d: %s", self.topic, m.offset(), e)
+                continue
+            if wv.model == self.model and (newest is None or wv.version > newest):
+                newest = wv.version
+        return newest
+
     def _run(self) -> None:
         from streamrft.engine.weights import fetch_state_dict
 
         consumer = make_consumer(self.kafka, None)
         consumer.assign([TopicPartition(self.topic, 0, 0)])  # compacted: the whole topic is small
+        wanted, next_try, delay = None, 0.0, 0.5  # the newest announced version not loaded yet
         try:
             while not self._stop.is_set():
-                msgs = consumer.consume(100, timeout=0.5)
-                newest = None
-                for m in msgs:
-                    if m.error() is not None:
-                        continue
-                    try:
-                        wv = decode(m.value(), WeightVersion)
-                    except DecodeError as e:
-                        log.warning("bad record on %s offset %d: %s", self.topic, m.offset(), e)
-                        continue
-                    if wv.model == self.model and (newest is None or wv.version > newest.version):
-                        newest = wv
-                if newest is None or newest.version <= max(self.latest_announced, self._loaded_version):
+                wait = 0.5 if wanted is None else min(0.5, max(0.0, next_try - time.monotonic()))
+                newest = self._newest(consumer.consume(100, timeout=wait))
+                if newest is not None and newest > max(self.latest_announced, self._loaded_version):
+                    self.latest_announced = wanted = newest
+                    next_try, delay = 0.0, 0.5
+                if wanted is None or time.monotonic() < next_try:
                     continue
-                self.latest_announced = newest.version
                 try:
-                    state = fetch_state_dict(self.store, self.store_key, newest.version, self.cache_dir)
-                except (CorruptVersionError, S3Error, OSError) as e:
-                    # a version overwritten mid-read by a restarted trainer: the next announce fixes it
+                    state = fetch_state_dict(self.store, self.store_key, wanted, self.cache_dir)
+                except FETCH_ERRORS as e:
                     self.fetch_errors += 1
-                    log.warning("could not fetch %s v%d: %s", self.model, newest.version, e)
+                    log.warning("could not fetch %s v%d (%s: %s); retrying in %.1fs", self.model, wanted,
+                                type(e).__name__, e, delay)
+                    next_try, delay = time.monotonic() + delay, min(delay * 2, self.retry_max_s)
                     continue
                 with self._lock:
-                    self._ready = (newest.version, state)
+                    self._ready = (wanted, state)
+                wanted = None
+        except BaseException as e:
+            self.failed = e
+            log.error("weights watcher stopped: %s: %s", type(e).__name__, e)
+            raise
         finally:
             consumer.close()

@@ -1,14 +1,19 @@
-"""Weight versions in the real S3 server (session stack): publish/fetch, verification, GC."""
+"""Weight versions in the real S3 server: publish/fetch, verification, GC (session stack); retries
+across an S3 restart, by the publisher and by the explorers' weights watcher (a private stack)."""
 from __future__ import annotations
 
 import io
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
 from streamrft.infra.objectstore import MANIFEST, CorruptVersionError, WeightStore
+from streamrft.schemas import WeightVersion, encode, topic_name
 
 
 def _tiny_module(seed: int) -> torch.nn.Module:
@@ -102,3 +107,123 @@ def test_gc_keeps_the_newest(store, namespace, tmp_path):
     store.fetch_version(namespace, 5, tmp_path / "dst")  # what is kept is intact
     with pytest.raises(ValueError):
         store.gc(namespace, keep=0)
+
+
+# ---- riding out S3 restarts ---------------------------------------------------------------------
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _announce(kafka, namespace: str, store: WeightStore, key: str, version: int) -> None:
+    wv = WeightVersion(model="policy", version=version, bucket=store.bucket, prefix=store.prefix(key, version))
+    producer = make_producer(kafka)
+    producer.produce(topic_name(namespace, "weights"), key=b"policy", value=encode(wv))
+    flush_or_raise(producer)
+
+
+def _same_weights(got: dict, module: torch.nn.Module) -> bool:
+    expected = module.state_dict()
+    return set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_transient_errors_are_told_from_permanent_ones():
+    from minio.error import S3Error, ServerError
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+    from streamrft.infra.objectstore import is_transient
+
+    refused = NewConnectionError(None, "Connection refused")
+    assert is_transient(MaxRetryError(None, "/weights/x", refused)) and is_transient(ConnectionResetError())
+    assert is_transient(TimeoutError()) and is_transient(ServerError("bad gateway", 502))
+    assert is_transient(S3Error(None, "SlowDown", "", "", "", ""))
+    assert not is_transient(S3Error(None, "NoSuchKey", "", "", "", ""))
+    assert not is_transient(CorruptVersionError("x")) and not is_transient(ValueError())
+
+
+def test_a_store_that_stays_down_fails_loudly_after_its_retry_budget():
+    from streamrft.config import S3Config
+    from streamrft.infra.objectstore import StoreUnavailableError
+    from streamrft.infra.stack import free_ports
+
+    down = S3Config(endpoint=f"127.0.0.1:{free_ports()['s3_port']}", bucket="weights")
+    store = WeightStore(down, retry_s=2.0)
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match="kept failing for 2s"):
+        store.list_versions("policy")
+    assert time.monotonic() - t0 < 20
+
+
+def test_watcher_retries_a_version_it_could_not_fetch(stack, store, namespace, tmp_path):
+    """A corrupt object today meant the version was skipped for good: with max_staleness 0 the
+    explorers then waited forever. Now the watcher asks again until it gets it."""
+    from streamrft.engine.weights import publish_state_dict
+    from streamrft.producers.weights_watcher import WeightsWatcher
+
+    ensure_topics(stack.kafka, run_topics(stack.kafka, namespace))
+    key = f"{namespace}/policy"
+    module = _tiny_module(3)
+    manifest = publish_state_dict(store, key, 1, module.state_dict())
+    shard = f"{key}/v1/{next(iter(manifest.files))}"
+    resp = store.client.get_object(store.bucket, shard)
+    good = resp.read()
+    resp.close()
+    resp.release_conn()
+    bad = good[:-8] + bytes(b ^ 0xFF for b in good[-8:])
+    store.client.put_object(store.bucket, shard, io.BytesIO(bad), len(bad))
+
+    watcher = WeightsWatcher(stack.kafka, namespace, store, "policy", key, tmp_path / "cache").start()
+    try:
+        _announce(stack.kafka, namespace, store, key, 1)
+        _wait_for(lambda: watcher.fetch_errors >= 2, 30, "two failed fetches")
+        assert watcher.latest_announced == 1 and watcher.take() is None
+        store.client.put_object(store.bucket, shard, io.BytesIO(good), len(good))
+        version, state = _wait_for(watcher.take, 30, "the repaired version")
+    finally:
+        watcher.stop()
+    assert version == 1 and _same_weights(state, module)
+
+
+def test_publish_and_the_watcher_ride_out_an_s3_restart(private_stack, tmp_path):
+    from streamrft.engine.weights import publish_state_dict
+    from streamrft.producers.weights_watcher import WeightsWatcher
+
+    kafka, es, ns = private_stack.kafka, private_stack.embedded, "s3-restart"
+    ensure_topics(kafka, run_topics(kafka, ns))
+    store = WeightStore(private_stack.s3)
+    store.ensure_bucket()
+    key = f"{ns}/policy"
+    module = _tiny_module(4)
+    watcher = WeightsWatcher(kafka, ns, store, "policy", key, tmp_path / "cache").start()
+    try:
+        # announced before it is in S3: the watcher keeps asking for it while S3 goes away
+        _announce(kafka, ns, store, key, 1)
+        _wait_for(lambda: watcher.fetch_errors >= 1, 30, "a failed fetch")
+        es.kill("weed")  # SIGKILL
+        outcome: dict = {}
+
+        def publish():
+            try:
+                outcome["manifest"] = publish_state_dict(store, key, 1, module.state_dict())
+            except Exception as e:  # reported by the assertion below
+                outcome["error"] = e
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        time.sleep(3)
+        assert publisher.is_alive(), f"publish_version did not wait for S3: {outcome}"
+        errors_while_down = watcher.fetch_errors
+        es.restart("weed")
+        publisher.join(90)
+        assert "manifest" in outcome, outcome
+        version, state = _wait_for(watcher.take, 90, "the version published across the restart")
+    finally:
+        watcher.stop()
+    assert version == 1 and _same_weights(state, module)
+    assert watcher.fetch_errors >= errors_while_down >= 1
+    assert store.list_versions(key) == [1]
