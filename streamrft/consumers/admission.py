@@ -1,8 +1,11 @@
 """Which delivered trajectories the trainer may train on: never twice, never too stale.
 
 `SeenWindow` remembers the ids already trained on, with their model version; ids older than
-`version - max_staleness` can be forgotten because the staleness rule drops them anyway. It is
-saved inside every checkpoint, so re-delivery after any crash is harmless. Pure, unit-tested.
+`version - max_staleness` can be forgotten because the staleness rule drops them anyway: the
+trainer's version never goes down (not even across a restart, see trainer.py), so a copy of a
+forgotten id that arrives later is at least as stale as when it was forgotten. The window is
+saved inside every checkpoint, so re-delivery after any crash is harmless; the ids of the batch
+being assembled (not trained yet, so not in the window) are checked too. Pure, unit-tested.
 """
 from __future__ import annotations
 
@@ -46,11 +49,20 @@ class Counts:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    def add(self, other: "Counts") -> None:
+        for k, v in other.__dict__.items():
+            setattr(self, k, getattr(self, k) + v)
+
 
 def admit_trajectories(trajs, trainer_version: int, max_staleness: int | None, seen: SeenWindow,
-                       counts: Counts) -> list[int]:
-    """Indices of `trajs` to train on now; counts the rest as stale or duplicate."""
-    keep, batch_ids = [], set()
+                       counts: Counts, batch_ids: set[str] | None = None) -> list[int]:
+    """Indices of `trajs` to train on now; counts the rest as stale or duplicate.
+
+    `batch_ids`: ids already admitted into the batch being assembled; the ids admitted here are
+    added to it, so a group delivered twice into one batch is trained once.
+    """
+    keep = []
+    batch_ids = set() if batch_ids is None else batch_ids
     for i, t in enumerate(trajs):
         if t.traj_id in seen or t.traj_id in batch_ids:
             counts.duplicate += 1

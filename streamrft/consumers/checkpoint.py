@@ -1,17 +1,33 @@
 """Trainer checkpoints on local disk: model + optimiser + the state that makes resume exact.
 
-`<dir>/v<N>/` holds the weights, `optimizer.pt` and `state.json` (version, step, the next
-offset of every experiences partition, the window of trained trajectory ids, counters).
-A checkpoint directory is written under a temporary name and renamed, then `LATEST` is swapped
-atomically; a crash at any point leaves the previous checkpoint intact.
+`<dir>/v<N>/` holds the weights, `optimizer.pt`, `trained.json` (the trajectory ids trained in
+version N) and, written last, `state.json` (version, step, the next offset of every experiences
+partition, the window of trained trajectory ids, counters). A directory is written as
+`.tmp-v<N>`, fsynced and renamed, so a `v<N>` with `state.json` is complete; pruning renames a
+directory away before deleting it. `latest()` picks the highest complete `v<N>`; `LATEST` is
+still written for people and scripts, but nothing trusts it: a crash between the rename and the
+pointer update, or a second writer, used to send a restarted trainer back to an old version.
+`audit/v<N>.json` copies `trained.json` once v<N> is durable: the union over the audit files is
+exactly what the durable versions trained.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
+import re
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STATE = "state.json"
+TRAINED = "trained.json"
+AUDIT = "audit"
+_VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
 @dataclass
@@ -23,26 +39,109 @@ class TrainerState:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+class CheckpointBusyError(RuntimeError):
+    """Another process holds the checkpoint directory: two trainers must never write one."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_write(path: Path, data: str) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file the engine wrote (torch and safetensors do not fsync) before the rename."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(Path(dirpath) / name, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory so that a crash half-way never leaves a `v<N>` that looks complete."""
+    doomed = path.with_name(f".del-{path.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _version_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _VERSION_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found)
 
 
 def latest(ckpt_dir: Path) -> tuple[Path, TrainerState] | None:
-    pointer = Path(ckpt_dir) / "LATEST"
-    if not pointer.exists():
-        return None
-    d = Path(ckpt_dir) / pointer.read_text().strip()
-    return d, TrainerState(**json.loads((d / "state.json").read_text()))
+    """The highest complete checkpoint (its state.json readable), whatever LATEST says."""
+    for version, d in reversed(_version_dirs(Path(ckpt_dir))):
+        try:
+            return d, TrainerState(**json.loads((d / STATE).read_text()))
+        except FileNotFoundError:
+            continue  # incomplete: an older writer's leftover
+        except (OSError, ValueError, TypeError) as e:
+            log.warning("skipping unreadable checkpoint %s: %s", d, e)
+    return None
 
 
-def save(ckpt_dir: Path, state: TrainerState, write_model, keep: int = 2, is_main: bool = True,
-         barrier=lambda: None) -> Path:
-    """`write_model(dir)` writes weights and optimiser; then state.json; then LATEST.
+def lock(ckpt_dir: Path) -> int:
+    """Hold `<dir>/LOCK` for the life of the process (the kernel frees it even on kill -9).
+
+    A second trainer on the same directory, say a predecessor that hung and was presumed dead,
+    would write older versions over newer ones; it fails here instead.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(ckpt_dir / "LOCK", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise CheckpointBusyError(f"{ckpt_dir} is in use by another trainer (pid {holder or '?'})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def unlock(fd: int) -> None:
+    os.close(fd)  # closing the descriptor releases the flock
+
+
+def sync_audit(ckpt_dir: Path, checkpoint: Path, version: int) -> None:
+    """Make `audit/` match the durable checkpoint `checkpoint` of `version`.
+
+    Copies its `trained.json` to `audit/v<version>.json` (re-creating it after a crash between
+    the checkpoint's rename and the copy) and removes audit files of higher versions: they
+    belong to versions that were not durable and will be trained again.
+    """
+    audit = Path(ckpt_dir) / AUDIT
+    audit.mkdir(parents=True, exist_ok=True)
+    src = checkpoint / TRAINED
+    if src.exists():
+        _fsync_write(audit / f"v{version}.json", src.read_text())
+    for f in audit.glob("v*.json"):
+        m = _VERSION_DIR.match(f.stem)
+        if m and int(m.group(1)) > version:
+            f.unlink()
+
+
+def save(ckpt_dir: Path, state: TrainerState, write_model, trained: list[str] | None = None, keep: int = 2,
+         is_main: bool = True, barrier=lambda: None) -> Path:
+    """`write_model(dir)` writes weights and optimiser; then trained.json, state.json, the rename,
+    the audit copy, LATEST, and pruning to the newest `keep` checkpoints.
 
     With several data-parallel ranks every rank calls this (DeepSpeed writes its shards
     collectively); only the main rank creates, finalises and prunes directories.
@@ -58,11 +157,21 @@ def save(ckpt_dir: Path, state: TrainerState, write_model, keep: int = 2, is_mai
     barrier()
     if not is_main:
         return final
-    _fsync_write(tmp / "state.json", json.dumps(state.__dict__))
-    shutil.rmtree(final, ignore_errors=True)
+    (tmp / TRAINED).write_text(json.dumps(trained or []))
+    (tmp / STATE).write_text(json.dumps(state.__dict__))
+    _fsync_tree(tmp)
+    if final.exists():  # this version redone after a crash before its checkpoint was durable
+        _discard(final)
     os.replace(tmp, final)
+    _fsync_dir(ckpt_dir)
+    sync_audit(ckpt_dir, final, state.version)
     _fsync_write(ckpt_dir / "LATEST", final.name)
-    versions = sorted((p for p in ckpt_dir.glob("v*") if p.is_dir()), key=lambda p: int(p.name[1:]))
-    for old in versions[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    older = [d for v, d in _version_dirs(ckpt_dir) if v < state.version]
+    complete = [d for d in older if (d / STATE).exists()]
+    kept = set(complete[max(0, len(complete) - (keep - 1)):]) if keep > 1 else set()
+    for d in older:
+        if d not in kept:
+            _discard(d)
+    for junk in [*ckpt_dir.glob(".del-*"), *(p for p in ckpt_dir.glob(".tmp-v*") if p != tmp)]:
+        shutil.rmtree(junk, ignore_errors=True)  # left by a crash mid-delete or mid-write
     return final

@@ -1,15 +1,17 @@
 """The trainer role: experiences in, weight versions out, exactly-once in effect.
 
 Run with `streamrft train CONFIG`. Each step takes `batch_groups` groups off the experiences
-topic, drops trajectories already trained on (id window) or staler than `max_staleness`, and
-applies the configured policy objective with old log-probs = the explorers' behaviour log-probs.
-Every `sync_interval` steps, in this order: publish version N+1 to S3 (manifest last), write
-the checkpoint (weights, optimiser, next offsets, id window), announce on the weights topic,
-commit offsets. On restart it seeks to the checkpoint's offsets, so nothing is lost or retrained.
+topic, drops trajectories already trained on (id window and the batch so far) or staler than
+`max_staleness`, and applies the configured policy objective with old log-probs = the
+explorers' behaviour log-probs. A record that fails in any way becomes a dead letter.
+Every `sync_interval` steps, in this order: flush the dead letters, publish version N+1 to S3
+(manifest last), write the checkpoint (weights, optimiser, next offsets, id window, trained
+ids), announce on the weights topic, commit offsets (retried; the checkpoint is the authority).
+On restart it resumes from the newest complete checkpoint and seeks to its offsets, so nothing
+is lost or retrained; `_start_plan` keeps version numbers from going backwards or being reused.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
@@ -31,6 +33,8 @@ from streamrft.infra.objectstore import WeightStore
 from streamrft.schemas import DeadLetter, DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
+
+COMMIT_ATTEMPTS = 6  # backoff 0.5 s doubling: ~15 s, enough for the group to be rejoined after a broker restart
 
 
 class Objective:
@@ -76,14 +80,19 @@ class Trainer:
         self.stop = stop or threading.Event()
         self.id = f"trainer-{os.getpid()}"
         self.ckpt_dir = Path(self.tc.checkpoint_dir or Path(cfg.output_dir) / "trainer")
-        found = checkpoint.latest(self.ckpt_dir)
         self.model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype)
         self.engine = make_train_engine(self.tc, self.model)
+        self.is_main = getattr(self.engine, "is_main", True)
+        self.world = getattr(self.engine, "world", 1)
+        self._lock = checkpoint.lock(self.ckpt_dir) if self.is_main else None
+        found = checkpoint.latest(self.ckpt_dir)
         self.state = checkpoint.TrainerState()
         if found is not None:
             self.engine.load(found[0])
             self.state = found[1]
             log.info("resumed from %s at version %d", found[0], self.state.version)
+            if self.is_main:  # a crash between the checkpoint's rename and its audit copy
+                checkpoint.sync_audit(self.ckpt_dir, found[0], self.state.version)
         self.resumed = found is not None
         self.seen = SeenWindow(dict(self.state.seen))
         self.counts = Counts(**self.state.counts)
@@ -105,10 +114,9 @@ class Trainer:
         self.max_staleness = None if self.replay else self.tc.max_staleness
         self.topic = topic_name(self.replay.namespace if self.replay else ns, "experiences")
         self.replay_end: dict[str, int] | None = None
-        self.is_main = getattr(self.engine, "is_main", True)
-        self.world = getattr(self.engine, "world", 1)
         self.pending: list = []
-        self.next_offsets = dict(self.state.offsets)
+        self.next_offsets = dict(self.state.offsets)  # past every record of the batches trained so far
+        self.position = dict(self.next_offsets)       # past every record taken off `pending`
         self.trained_since_ckpt: list[str] = []
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
@@ -133,26 +141,45 @@ class Trainer:
                 # -1: nothing at or after that time in this partition
                 starts[f"{tp.topic}:{tp.partition}"] = tp.offset if tp.offset >= 0 else self.replay_end[f"{tp.topic}:{tp.partition}"]
         self.next_offsets = starts
+        self.position = dict(starts)
 
     def _replay_done(self) -> bool:
         return self.replay_end is not None and not self.pending and all(
-            self.next_offsets.get(k, 0) >= end for k, end in self.replay_end.items())
+            self.position.get(k, 0) >= end for k, end in self.replay_end.items())
 
     def _on_assign(self, consumer, partitions):
-        # the checkpoint, not the group's committed offset, is the authority on where to resume
+        # the checkpoint (and what this process read since), not the group's committed offset,
+        # is the authority on where to resume; what was fetched before the rebalance is fetched
+        # again from there
+        assigned = {(tp.topic, tp.partition) for tp in partitions}
+        self.pending = [m for m in self.pending if (m.topic(), m.partition()) not in assigned]
         for tp in partitions:
             key = f"{tp.topic}:{tp.partition}"
-            if key in self.next_offsets:
-                tp.offset = self.next_offsets[key]
+            if key in self.position:
+                tp.offset = self.position[key]
         consumer.assign(partitions)
 
+    def _poll(self, timeout: float) -> None:
+        """Fetch records into `pending`. Consume errors are logged (librdkafka recovers from them
+        by itself, e.g. while a broker restarts) and fatal ones raised."""
+        for m in self.consumer.consume(64, timeout=timeout):
+            err = m.error()
+            if err is None:
+                self.pending.append(m)
+            elif err.fatal():
+                raise KafkaException(err)
+            else:
+                log.warning("consume error on %s: %s", m.topic() or self.topic, err)
+
     # ---- data -----------------------------------------------------------------------------
-    def _dead_letter(self, msg, err: Exception) -> None:
-        dl = DeadLetter(reason=str(err), error_type=type(err).__name__, source_topic=msg.topic(),
+    def _dead_letter(self, msg, err: Exception, counts: Counts) -> None:
+        # durable before the checkpoint that moves past `msg`: publish() flushes first
+        log.warning("dead letter %s[%d]@%d: %s: %s", msg.topic(), msg.partition(), msg.offset(), type(err).__name__, err)
+        dl = DeadLetter(reason=str(err) or type(err).__name__, error_type=type(err).__name__, source_topic=msg.topic(),
                         source_partition=msg.partition(), source_offset=msg.offset(), role="trainer",
                         key=msg.key(), value=msg.value() or b"")
         self.producer.produce(topic_name(self.cfg.namespace, "dlq"), key=msg.key(), value=encode(dl))
-        self.counts.dead_lettered += 1
+        counts.dead_lettered += 1
 
     def _check_fits_model(self, eg: ExperienceGroup) -> None:
         """Data the model cannot take becomes a dead letter instead of crashing the step."""
@@ -169,29 +196,38 @@ class Trainer:
             raise ValueError(f"group {eg.group_id}: non-finite reward or advantage")
 
     def collect(self) -> list[tuple] | None:
-        """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped."""
-        samples, groups = [], 0
+        """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped.
+
+        A batch is all or nothing: its offsets and counters join the trainer's state only once it
+        is complete, so a stop half-way leaves nothing for the next checkpoint to record.
+        """
+        samples, groups, batch_ids = [], 0, set()
+        offsets, counts = {}, Counts()
         while groups < self.tc.batch_groups:
             if self.stop.is_set():
                 return None
             if self._replay_done():
-                return samples or None  # the log's end: train on what is left, then stop
+                break  # the log's end: train on what is left, then stop
             if not self.pending:
-                self.pending = [m for m in self.consumer.consume(64, timeout=0.5) if m.error() is None]
+                self._poll(0.5)
                 continue
             msg = self.pending.pop(0)
-            self.next_offsets[f"{msg.topic()}:{msg.partition()}"] = msg.offset() + 1
+            key = f"{msg.topic()}:{msg.partition()}"
+            self.position[key] = offsets[key] = msg.offset() + 1
             try:
                 eg = decode(msg.value(), ExperienceGroup)
                 self._check_fits_model(eg)
-            except (DecodeError, ValueError) as e:
-                self._dead_letter(msg, e)
+                keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen,
+                                          counts, batch_ids)
+            except Exception as e:  # whatever one record does, it is dead-lettered, never a crash
+                self._dead_letter(msg, e, counts)
                 continue
-            keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen, self.counts)
             if keep:
                 groups += 1
                 samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
-        return samples
+        self.next_offsets.update(offsets)
+        self.counts.add(counts)
+        return samples or None
 
     # ---- one optimiser step ----------------------------------------------------------------
     def train_step(self, samples: list[tuple]) -> dict[str, float]:
@@ -247,23 +283,50 @@ class Trainer:
         if not self.is_main:
             checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, is_main=False, barrier=barrier)
             return
+        # the dead letters of records this checkpoint moves past must be acknowledged first
+        flush_or_raise(self.producer, timeout=60)
         manifest = publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta={"step": self.state.step})
-        checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, barrier=barrier)
+        # the trained ids go inside the checkpoint; it copies them to audit/ once it is durable
+        checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, trained=self.trained_since_ckpt, barrier=barrier)
+        self.trained_since_ckpt = []
+        # explorers load announced versions only, and only a durable checkpoint is announced: a
+        # version that a restarted trainer redoes (and overwrites in S3) was never loaded by anyone
         self.announce(manifest.sha256)
         if self.next_offsets:
-            offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
-            self.consumer.commit(offsets=offsets, asynchronous=False)
+            self._commit()
         self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+
+    def _commit(self) -> None:
+        """Commit the checkpoint's offsets for people and tools. The checkpoint, not this commit,
+        is what a restart resumes from, so a commit that keeps failing is logged and skipped."""
+        offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
+        delay = 0.5
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+                return
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if isinstance(err, KafkaError) and err.fatal():
+                    raise
+                log.warning("offset commit for v%d failed (attempt %d/%d): %s", self.state.version, attempt,
+                            COMMIT_ATTEMPTS, err)
+            if attempt == COMMIT_ATTEMPTS:
+                break
+            # keep serving the consumer while waiting: after a broker restart (UNKNOWN_MEMBER_ID)
+            # it rejoins its group only from inside consume(); what it fetches meanwhile is kept
+            deadline = time.monotonic() + delay
+            while (left := deadline - time.monotonic()) > 0:
+                if len(self.pending) < 1024:
+                    self._poll(min(left, 0.5))
+                else:
+                    time.sleep(min(left, 0.1))
+            delay *= 2
+        log.warning("gave up committing the offsets of v%d; its checkpoint holds them, and the next "
+                    "version's commit carries newer ones", self.state.version)
 
     def _write_checkpoint(self, directory: Path) -> None:
         self.engine.save(directory)
-        if self.is_main:
-            # the audit trail: ids whose training this version makes durable. A version redone after
-            # a crash rewrites its own file, so the union over files is exactly what was trained.
-            audit = self.ckpt_dir / "audit"
-            audit.mkdir(parents=True, exist_ok=True)
-            (audit / f"v{self.state.version}.json").write_text(json.dumps(self.trained_since_ckpt))
-            self.trained_since_ckpt = []
         if hasattr(self.batch_advantage, "save"):
             self.batch_advantage.save(directory)
 
@@ -277,7 +340,7 @@ class Trainer:
     def metric(self, values: dict[str, float]) -> None:
         if not self.is_main:
             return
-        m = Metric(role="trainer", role_id=self.id, step=self.state.step, values=values)
+        m = Metric.of_finite("trainer", self.id, self.state.step, values)  # a NaN grad norm must not crash the step
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
     def _next_samples(self) -> list[tuple] | None:
@@ -286,13 +349,107 @@ class Trainer:
             samples = self.engine.broadcast(samples)  # None from rank 0 stops every rank
         return samples
 
-    def run(self) -> dict:
+    # ---- start-up: versions never go backwards ------------------------------------------------
+    def _newest_announced(self) -> int | None:
+        """The highest version of this model announced on the weights topic (read to its true end)."""
+        from streamrft.infra.kafka import partition_ends
+
+        topic = topic_name(self.cfg.namespace, "weights")
+        try:
+            ends = [e for e in partition_ends(self.cfg.kafka, topic) if e.end > e.start]
+        except KafkaException as e:
+            if e.args and isinstance(e.args[0], KafkaError) and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return None  # nothing announced yet; the first announce creates the topic
+            raise
+        newest, left = None, {e.partition: e.end for e in ends}
+        consumer = make_consumer(self.cfg.kafka, None)
+        try:
+            consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+            deadline = time.monotonic() + 60
+            while left:
+                if time.monotonic() > deadline:
+                    raise KafkaException(f"could not read {topic} to its end in 60 s (still missing {left})")
+                for m in consumer.consume(500, timeout=0.5):
+                    if m.error() is not None:
+                        if m.error().fatal():
+                            raise KafkaException(m.error())
+                        log.warning("consume error on %s: %s", topic, m.error())
+                        continue
+                    if m.offset() + 1 >= left.get(m.partition(), 0):
+                        left.pop(m.partition(), None)
+                    try:
+                        wv = decode(m.value(), WeightVersion)
+                    except DecodeError:
+                        continue
+                    if wv.model == self.cfg.model.name and (newest is None or wv.version > newest):
+                        newest = wv.version
+        finally:
+            consumer.close()
+        return newest
+
+    def _start_plan(self) -> tuple[str, int]:
+        """(what to do before the first step, the version to start at), from the checkpoint, the
+        weights topic and S3.
+
+        - S3 versions above both the checkpoint and the newest announce were published by a
+          trainer that died before their checkpoint was durable. Nobody loaded them (explorers
+          load announced versions only): they are deleted, and the coming steps redo them.
+        - An announce above the checkpoint means newer checkpoints were lost (a wiped disk).
+          Training goes on from the checkpoint's weights, but numbered above every announced
+          version, so an explorer that loaded version N never meets a different version N.
+        - Otherwise the checkpoint's version is announced (again), unless it already is.
+        """
+        key = self.cfg.weights_key
+        announced = self._newest_announced()
+        ckpt = self.state.version if self.resumed else None
+        known = max(v for v in (ckpt, announced, -1) if v is not None)
+        in_s3 = self.store.list_versions(key)
+        for v in in_s3:
+            if v > known:
+                log.warning("deleting v%d from S3: published by a trainer that died before its checkpoint; "
+                            "it is trained again", v)
+                self.store.delete_version(key, v)
+        if announced is not None and (ckpt is None or announced > ckpt):
+            log.warning("v%d is announced but the newest checkpoint in %s is %s: continuing from the "
+                        "checkpoint, numbering the next version v%d", announced, self.ckpt_dir,
+                        "none" if ckpt is None else f"v{ckpt}", announced + 1)
+            return ("publish", announced + 1) if ckpt is None else ("none", announced)
+        if ckpt is None:
+            return "publish", 0  # version 0 = the initial weights, so every explorer can verify what it runs
+        if announced == ckpt:
+            return "none", ckpt
+        return ("announce" if ckpt in in_s3 else "republish"), ckpt
+
+    def _start(self) -> None:
+        from streamrft.engine.weights import publish_state_dict
+
         if self.is_main:
             self.store.ensure_bucket()
-        if not self.resumed:
-            self.publish()  # version 0 = the initial weights, so every explorer can verify what it runs
-        elif self.is_main:
-            self.announce()
+        plan = self._start_plan() if self.is_main else None
+        if self.world > 1:
+            plan = self.engine.broadcast(plan)
+        action, self.state.version = plan
+        v = self.state.version
+        if action == "publish":
+            self.publish()
+        elif action == "announce" and self.is_main:
+            self.announce(self.store.read_manifest(self.cfg.weights_key, v).sha256)
+        elif action == "republish":  # S3 lost the checkpoint's version: upload the same weights again
+            weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
+            if self.is_main:
+                self.announce(publish_state_dict(self.store, self.cfg.weights_key, v, weights,
+                                                 meta={"step": self.state.step}).sha256)
+
+    def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            if self._lock is not None:
+                checkpoint.unlock(self._lock)
+                self._lock = None
+
+    def _run(self) -> dict:
+        self._start()
         while self.state.step < self.tc.max_steps:
             t0 = time.monotonic()
             samples = self._next_samples()

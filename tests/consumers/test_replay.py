@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgpack
+
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
 from streamrft.schemas import ExperienceGroup, Task, Trajectory, encode, topic_name
 from tests_helpers import demo_overrides
@@ -80,7 +82,8 @@ def test_groups_the_model_cannot_take_become_dead_letters_not_crashes(stack, nam
             break
     consumer.close()
     reasons = sorted(d.reason for d in dead)
-    assert "non-finite" in reasons[0] and "vocabulary size" in reasons[1]
+    assert "finite" in reasons[0] and "vocabulary size" in reasons[1]  # NaN: refused by decode itself
     assert len({(d.source_partition, d.source_offset) for d in dead}) == 2
     assert all(d.source_topic == topic_name(source, "experiences") and d.source_offset >= 0 for d in dead)
-    assert {decode(d.value, ExperienceGroup).group_id for d in dead} == {"g0", "g1"}  # original bytes kept
+    # the original bytes kept (raw msgpack: a NaN advantage does not decode)
+    assert {msgpack.unpackb(d.value)["group_id"] for d in dead} == {"g0", "g1"}

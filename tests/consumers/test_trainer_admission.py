@@ -28,3 +28,30 @@ def test_window_forgets_only_ids_that_would_be_stale_anyway():
     seen = SeenWindow({"old": 2, "edge": 3, "new": 5})
     seen.prune(trainer_version=5, max_staleness=2)
     assert set(seen.ids) == {"edge", "new"}
+
+
+def test_a_group_delivered_twice_into_one_batch_is_admitted_once():
+    seen, counts, batch = SeenWindow(), Counts(), set()
+    group_a = [_t("a1", 3), _t("a2", 3)]
+    assert admit_trajectories(group_a, 3, 1, seen, counts, batch) == [0, 1]
+    assert admit_trajectories([_t("b1", 3)], 3, 1, seen, counts, batch) == [0]
+    assert admit_trajectories(group_a, 3, 1, seen, counts, batch) == []  # A again, nothing trained yet
+    assert (counts.duplicate, batch) == (2, {"a1", "a2", "b1"})
+
+
+def test_a_forgotten_id_is_stale_whenever_a_copy_of_it_comes_back():
+    """Pruning is safe because the trainer's version never goes down: a copy of an id that the
+    window forgot at version v is dropped as stale at v and at every later version."""
+    for max_staleness in (0, 1, 3):
+        for v in range(8):
+            for model_version in range(v + 1):
+                seen = SeenWindow({"x": model_version})
+                seen.prune(v, max_staleness)
+                if "x" not in seen:
+                    assert not any(is_fresh(later, model_version, max_staleness) for later in range(v, v + 10))
+
+
+def test_replay_forgets_nothing():
+    seen = SeenWindow({"old": 0})
+    seen.prune(trainer_version=100, max_staleness=None)
+    assert "old" in seen
