@@ -24,7 +24,7 @@ import pytest
 from streamrft.config import load_config
 from streamrft.infra.kafka import committed_offsets
 from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
-from tests_helpers import demo_overrides, read_all as _read_all
+from tests_helpers import demo_overrides, read_all as _read_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
@@ -80,7 +80,7 @@ def test_short_run_versions_advance_and_every_trajectory_is_accounted_for(stack,
     assert not dead  # the explorers produced nothing malformed
 
     # trainer: trained + stale + duplicate == trajectories below its committed offsets
-    state = json.loads((run_dir / "trainer" / (run_dir / "trainer" / "LATEST").read_text().strip() / "state.json").read_text())
+    state = json.loads((run_dir / "trainer" / f"v{trainer_version(run_dir / 'trainer')}" / "state.json").read_text())
     counts = state["counts"]
     exp_records = _read_all(stack.kafka, topic_name(ns, "experiences"))
     consumed = [decode(m.value(), ExperienceGroup) for m in exp_records
@@ -110,13 +110,13 @@ def test_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(stack, tmp
              "train": _spawn(["train", str(resolved)], tmp_path / "train1.log")}
     try:
         deadline = time.monotonic() + 300
-        while not ((ckpt / "LATEST").exists() and int((ckpt / "LATEST").read_text().strip()[1:]) >= 2):
+        while trainer_version(ckpt) < 2:
             assert time.monotonic() < deadline, (tmp_path / "train1.log").read_text()[-3000:]
             assert procs["train"].poll() is None, (tmp_path / "train1.log").read_text()[-3000:]
             time.sleep(0.2)
         os.kill(procs["train"].pid, signal.SIGKILL)
         procs["train"].wait()
-        killed_at = int((ckpt / "LATEST").read_text().strip()[1:])
+        killed_at = trainer_version(ckpt)
         procs["train"] = _spawn(["train", str(resolved)], tmp_path / "train2.log")
         assert procs["train"].wait(timeout=400) == 0, (tmp_path / "train2.log").read_text()[-3000:]
     finally:

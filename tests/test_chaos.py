@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from streamrft.config import dump_config, load_config
 from streamrft.infra.kafka import committed_offsets, partition_ends
 from streamrft.infra.stack import pid_alive
 from streamrft.schemas import DeadLetter, ExperienceGroup, RolloutGroup, WeightVersion, decode, topic_name
-from tests_helpers import demo_overrides, read_all
+from tests_helpers import demo_overrides, read_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
@@ -104,12 +103,6 @@ class Roles:
     def tail(self, name: str, n: int = 3000) -> str:
         path = self.logs / f"{name}.log"
         return f"--- {name} ---\n" + (path.read_text(errors="replace")[-n:] if path.exists() else "(no log)")
-
-
-def trainer_version(ckpt: Path) -> int:
-    """The newest durable checkpoint's version (-1 before the first)."""
-    done = [int(m.group(1)) for d in ckpt.glob("v*") if (m := re.fullmatch(r"v(\d+)", d.name)) and (d / "state.json").exists()]
-    return max(done, default=-1)
 
 
 def test_kill_every_role_and_both_servers_loses_nothing_and_trains_nothing_twice(private_stack, tmp_path):

@@ -37,3 +37,13 @@ def read_all(kafka, topic: str, deadline_s: float = 60.0) -> list:
     finally:
         consumer.close()
     return got
+
+
+def trainer_version(ckpt: Path) -> int:
+    """The version of the trainer's newest complete checkpoint under `ckpt` (-1 before the first):
+    the highest `v<N>` with a `state.json`, as the trainer itself resumes (not the LATEST pointer)."""
+    import re
+
+    done = [int(m.group(1)) for d in Path(ckpt).glob("v*")
+            if (m := re.fullmatch(r"v(\d+)", d.name)) and (d / "state.json").exists()]
+    return max(done, default=-1)
