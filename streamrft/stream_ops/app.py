@@ -4,6 +4,12 @@ Run one worker with `streamrft score run.yaml` or `run_worker(cfg, "w0")`. Every
 namespace joins the consumer group `<ns>.stream-ops`, so workers share the rollouts partitions and
 a restarted one resumes from committed offsets alone (no tables, nothing else to recover).
 
+No record can stop the worker: `route_record` turns any exception raised while handling one record
+(decode, validate, a user's reward, encoding the output) into a dead letter, and the agent never
+raises. Were it to raise, faust would restart it and drop the acks of the records in flight, so
+their partitions would never commit again; a failure that is not the record's (a send the
+producer gave up on) instead crashes the whole worker, which exits non-zero.
+
 At-least-once: the agent iterates a `stream.noack()` stream, so faust never acks a record on its
 own; an in-order acker awaits each output's broker acknowledgement (the future `topic.send()`
 returns) and only then calls `stream.ack(event)`. faust commits only the contiguous acked prefix
@@ -11,6 +17,8 @@ of a partition (`Consumer._new_offset`), so no offset is committed before its ou
 a failed send crashes the app instead of acking, and a restarted worker redoes the record.
 (faust's own `stream_publish_on_commit` is not used: its commit path waits on the sends with
 `wait_many` and `producer.flush()`, neither of which raises for a failed send, so it commits anyway.)
+Shutdown is bounded: `STOP_GRACE_S` after a stop begins (SIGTERM, or a crash) the process exits
+even if faust is still waiting on a broker that is gone; what it had not committed is redone.
 
 faust 0.15.3 accepts `app.topic(pattern=...)` but never subscribes to it (its conductor indexes
 `topic.topics` only; see "XXX pattern does not work" in its aiokafka driver), so the pattern is
@@ -21,8 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import ssl
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +54,21 @@ METRICS_INTERVAL_S = 5.0
 RESCAN_S = 10.0
 MAX_IN_FLIGHT = 1000
 """Records processed but not yet acknowledged by the broker (backpressure on the stream)."""
+MAX_REQUEST_BYTES = 16 << 20
+"""faust's `producer_max_request_size`; brokers must accept records this large (docker-compose sets
+`message.max.bytes` to it). An experience that would not fit is dead-lettered instead."""
+RECORD_OVERHEAD_BYTES = 4096
+"""Room left in a request for the record batch framing, timestamp and headers."""
+DEAD_LETTER_MAX_BYTES = 1 << 20
+"""A dead letter embeds at most this many bytes of the original value, and of its key, so that it can
+always be produced, whatever the poison record's size; its reason then says so with the original
+size. Nothing is lost: the whole record stays on its source topic at `source_offset`."""
+REASON_MAX_CHARS = 4000
+PRODUCER_REQUEST_TIMEOUT_S = 30.0
+"""How long the producer retries an output before its send fails and the worker exits non-zero
+(faust's default is 20 minutes). faust's env var PRODUCER_REQUEST_TIMEOUT overrides it."""
+STOP_GRACE_S = 10.0
+"""After a stop begins, the process exits within this long, even while faust waits on a dead broker."""
 
 Scorer = Callable[[RolloutGroup], ExperienceGroup | None]
 
@@ -56,21 +82,67 @@ class Outcome(NamedTuple):
     trajectories: int
 
 
+class OutputTooLarge(ValueError):
+    """The experience of a valid group is larger than one produce request may be."""
+
+
 def route_record(scorer: Scorer, namespace: str, value: bytes | None, key: bytes | None,
-                 topic: str, partition: int, offset: int) -> Outcome:
-    """Validate and score one rollouts record (pure): an experience, a dead letter, or filtered."""
+                 topic: str, partition: int, offset: int, max_output_bytes: int = MAX_REQUEST_BYTES) -> Outcome:
+    """Validate and score one rollouts record (pure): an experience, a dead letter, or filtered.
+
+    Never raises an `Exception`: whatever goes wrong with this one record makes it a dead letter.
+    """
+    stage = "validating"
     try:
         group = validate(value, expected_team=team_of_topic(topic, namespace))
+        stage = "scoring"
         exp = scorer(group)
-    except (InvalidRollout, ScoringError) as e:
-        error_type = e.error_type if isinstance(e, ScoringError) else type(e).__name__
-        dead = DeadLetter(reason=str(e), error_type=error_type, source_topic=topic, source_partition=partition,
-                          source_offset=offset, role=ROLE, key=key, value=value or b"")
-        return Outcome("dead_letter", key, encode(dead), 0)
-    if exp is None:
-        return Outcome("filtered", None, None, len(group.trajectories))
-    exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
-    return Outcome("experience", exp.group_id.encode(), encode(exp), len(exp.trajectories))
+        if exp is None:
+            return Outcome("filtered", None, None, len(group.trajectories))
+        stage = "encoding the experience"
+        exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
+        out_key, out_value = exp.group_id.encode(), encode(exp)
+        size = len(out_key) + len(out_value)
+        if size > max_output_bytes - RECORD_OVERHEAD_BYTES:
+            raise OutputTooLarge(f"the experience is {size} bytes; one record may be at most "
+                                 f"{max_output_bytes - RECORD_OVERHEAD_BYTES}")
+        return Outcome("experience", out_key, out_value, len(exp.trajectories))
+    except Exception as e:  # any failure is this record's alone: dead-letter it, never stop the stream
+        if isinstance(e, InvalidRollout):
+            reason, error_type = _text(e), type(e).__name__
+        elif isinstance(e, ScoringError):
+            reason, error_type = _text(e), e.error_type
+        else:  # not a known kind of bad input: a gap in validation or a bug, worth a traceback
+            log.warning("stream-ops: %s while %s %s[%d]@%d; dead-lettered", type(e).__name__, stage,
+                        topic, partition, offset, exc_info=True)
+            reason, error_type = f"{type(e).__name__} while {stage}: {_text(e)}", type(e).__name__
+        return dead_letter(reason, error_type, value, key, topic, partition, offset)
+
+
+def _text(e: BaseException) -> str:
+    """`str(e)` that cannot fail, is valid UTF-8 (msgpack refuses lone surrogates) and is bounded."""
+    try:
+        text = str(e)
+    except Exception:  # a user's exception class with a broken __str__
+        text = f"<unprintable {type(e).__name__}>"
+    if len(text) > REASON_MAX_CHARS:
+        text = f"{text[:REASON_MAX_CHARS]}... [{len(text)} chars]"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def dead_letter(reason: str, error_type: str, value: bytes | None, key: bytes | None,
+                topic: str, partition: int, offset: int) -> Outcome:
+    """The DLQ record of one input, its key and value cut to `DEAD_LETTER_MAX_BYTES` so it always fits."""
+    value = value or b""
+    notes = [f"{name} truncated to {DEAD_LETTER_MAX_BYTES} of {len(raw)} bytes"
+             for name, raw in (("value", value), ("key", key or b"")) if len(raw) > DEAD_LETTER_MAX_BYTES]
+    if notes:
+        reason += f" [{'; '.join(notes)}; the whole record is at {topic}[{partition}]@{offset}]"
+    key = key[:DEAD_LETTER_MAX_BYTES] if key is not None else None
+    error_type = error_type[:256]  # DeadLetter.error_type's bound (a user's exception class names it)
+    dead = DeadLetter(reason=reason, error_type=error_type, source_topic=topic, source_partition=partition,
+                      source_offset=offset, role=ROLE, key=key, value=value[:DEAD_LETTER_MAX_BYTES])
+    return Outcome("dead_letter", key, encode(dead), 0)
 
 
 @dataclass
@@ -133,8 +205,8 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
         key_serializer="raw", value_serializer="raw",
         topic_disable_leader=True, topic_allow_declare=False,
         consumer_auto_offset_reset="earliest",  # never `latest`: end offsets are wrong on Tansu
-        producer_acks=-1, producer_linger=0.005,
-        producer_max_batch_size=1 << 20, producer_max_request_size=16 << 20,
+        producer_acks=-1, producer_linger=0.005, producer_request_timeout=PRODUCER_REQUEST_TIMEOUT_S,
+        producer_max_batch_size=1 << 20, producer_max_request_size=MAX_REQUEST_BYTES,
         datadir=str(datadir),
     )
     names = matching_topics(cfg.kafka, ns) or [topic_name(ns, "rollouts", cfg.explorer.team)]
@@ -145,22 +217,26 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     outputs = {"experience": experiences, "dead_letter": dlq}
     counters = Counters()
 
+    async def crash(exc: BaseException) -> None:
+        # the whole worker, never just the agent (see the module docstring); it exits non-zero
+        log.error("stream-ops: %s: %s; exiting, a restart redoes the uncommitted records", type(exc).__name__, exc)
+        await app.crash(exc)
+
     @app.agent(rollouts)
     async def score(stream):
         inflight: asyncio.Queue = asyncio.Queue(maxsize=MAX_IN_FLIGHT)
         manual = stream.noack()
 
         async def ack_in_order() -> None:
-            while True:
-                delivered, event, outcome = await inflight.get()
-                if delivered is not None:
-                    try:
+            try:
+                while True:
+                    delivered, event, outcome = await inflight.get()
+                    if delivered is not None:
                         await delivered  # the broker's acknowledgement (acks=all) of the output
-                    except Exception as e:  # the producer already retried; redo from committed offsets
-                        await app.crash(e)
-                        raise
-                await manual.ack(event)
-                counters.add(outcome)
+                    await manual.ack(event)
+                    counters.add(outcome)
+            except Exception as e:  # a failed delivery (the producer already retried): ack nothing more
+                await crash(e)
 
         acker = asyncio.ensure_future(ack_in_order())
         try:
@@ -171,8 +247,10 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
                 if outcome.kind != "filtered":
                     delivered = await outputs[outcome.kind].send(key=outcome.key, value=outcome.value)
                 await inflight.put((delivered, event, outcome))
-                if acker.done():
-                    acker.result()  # re-raise a failed delivery
+                if acker.done():  # a delivery failed and the worker is going down: take nothing more
+                    return
+        except Exception as e:  # a send the producer refused outright (sizes are checked: not the record)
+            await crash(e)
         finally:
             acker.cancel()
 
@@ -213,19 +291,59 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     return app
 
 
+class BoundedStopWorker(faust.Worker):
+    """faust's Worker, except that once a stop begins the process ends within `STOP_GRACE_S`.
+
+    faust's own stop waits on the producer's flush and the consumer's last commit, each for up to a
+    request timeout when the broker is gone. Exiting without them loses nothing: what was not
+    committed is redone by the next worker.
+    """
+
+    _watchdog: threading.Timer | None = None
+
+    async def stop(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(STOP_GRACE_S, self._exit_now)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        await super().stop()
+
+    def disarm(self) -> None:
+        """The stop finished in time: the caller keeps its process."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _exit_now(self) -> None:
+        code = 1 if self.crash_reason is not None else 0
+        log.error("stream-ops: stopping took over %.0f s; exiting with %d (uncommitted records are redone)",
+                  STOP_GRACE_S, code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed pipe must not keep the process alive
+                pass
+        os._exit(code)
+
+
 def run_worker(cfg: RunConfig, worker_id: str, stop_after: float | None = None, loglevel: str = "warning") -> int:
-    """Run one stream-ops worker in this (main) thread until SIGTERM/SIGINT or `stop_after` seconds."""
+    """Run one stream-ops worker in this (main) thread until SIGTERM/SIGINT or `stop_after` seconds.
+
+    Returns 0 after a clean stop and non-zero after a crash (an output the broker never acknowledged).
+    A stop that outlasts `STOP_GRACE_S` ends the whole process with `os._exit`.
+    """
     from streamrft.infra.kafka import ensure_topics, run_topics
 
     ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, teams=(cfg.explorer.team,)))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     app = make_app(cfg, worker_id)
-    worker = faust.Worker(app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker = BoundedStopWorker(app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     if stop_after is not None:
         loop.call_later(stop_after, lambda: asyncio.ensure_future(worker.stop(), loop=loop))
     try:
         worker.execute_from_commandline()
     except SystemExit as e:  # mode's Worker always exits through sys.exit
         return int(e.code or 0)
+    finally:
+        worker.disarm()
     return 0

@@ -9,7 +9,9 @@ Advantages come from `algorithm.advantage` (default: the algorithm preset's, grp
 (r - mean) / (std + eps)) applied to the group's rewards. Batch- and token-level advantages
 (reinforce_pp, gae, opd) need more than one group: stream ops then sends zeros, the trainer
 computes them, and the zero-variance filter is off (it only makes sense under group baselines).
-Any exception in a user's reward or advantage becomes `ScoringError` naming the term and trajectory.
+Any exception in a user's reward or advantage becomes `ScoringError` naming the term and trajectory,
+and so does a non-finite value anywhere on the way (a term, a weighted total, an advantage, the priority):
+finite inputs can still overflow (1e308 * 2), and a NaN must never reach the trainer.
 """
 from __future__ import annotations
 
@@ -50,21 +52,31 @@ def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
     if term.fn is None:
         if traj.env_reward is None:
             raise ScoringError(f"reward term {term.name!r}: trajectory {traj.traj_id} has no env_reward")
-        return float(traj.env_reward)
+        value = float(traj.env_reward)
+        if not math.isfinite(value):
+            raise ScoringError(f"reward term {term.name!r}: trajectory {traj.traj_id} has env_reward {value}")
+        return value
     try:
         value = float(term.fn(traj.response_text, group.task.answer, **term.params))
     except Exception as e:  # a user's reward can raise anything; it must not stop the stream
-        raise ScoringError(f"reward term {term.name!r} raised on trajectory {traj.traj_id}: "
-                           f"{type(e).__name__}: {e}", type(e).__name__) from e
+        raise ScoringError(f"reward term {term.name!r} raised on trajectory {traj.traj_id}: {_describe(e)}",
+                           type(e).__name__) from e
     if not math.isfinite(value):
         raise ScoringError(f"reward term {term.name!r} returned {value} on trajectory {traj.traj_id}")
     return value
 
 
+def _describe(e: Exception) -> str:
+    try:
+        return f"{type(e).__name__}: {e}"
+    except Exception:  # a user's exception class whose __str__ raises
+        return f"{type(e).__name__} (unprintable)"
+
+
 def _std(values: list[float]) -> float:
-    """Population std (a group of one has 0)."""
+    """Population std (a group of one has 0); inf, never OverflowError, when the values are huge."""
     mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return math.sqrt(sum((v - mean) * (v - mean) for v in values) / len(values))  # `**` raises on overflow
 
 
 def _advantages(advantage_fn: Callable | None, params: dict, rewards: list[float]) -> list[float]:
@@ -74,7 +86,7 @@ def _advantages(advantage_fn: Callable | None, params: dict, rewards: list[float
         out = advantage_fn(rewards, **params)
         adv = [float(a) for a in (out.tolist() if hasattr(out, "tolist") else out)]
     except Exception as e:  # a user's advantage function (import_path) can raise anything
-        raise ScoringError(f"advantage function raised: {type(e).__name__}: {e}", type(e).__name__) from e
+        raise ScoringError(f"advantage function raised: {_describe(e)}", type(e).__name__) from e
     if len(adv) != len(rewards) or not all(math.isfinite(a) for a in adv):
         raise ScoringError(f"advantage function returned {adv} for rewards {rewards}")
     return adv
@@ -97,13 +109,17 @@ def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn
     n = len(group.trajectories)
     components = {term.name: [_term_value(term, group, i) for i in range(n)] for term in rewards}
     totals = [sum(term.weight * components[term.name][i] for term in rewards) for i in range(n)]
+    if not all(math.isfinite(t) for t in totals):
+        raise ScoringError(f"weighted rewards overflow: {totals} from {components}")
     if drop_zero_variance and max(totals) - min(totals) <= 1e-12:
         return None
     advantages = _advantages(advantage_fn, advantage_params, totals)
+    prio = group_priority(priority, totals, advantages)
+    if not math.isfinite(prio):
+        raise ScoringError(f"priority {priority!r} is {prio} for rewards {totals}")
     return ExperienceGroup(
         group_id=group.group_id, team=group.team, task=group.task, trajectories=group.trajectories,
-        rewards=totals, advantages=advantages, reward_components=components,
-        priority=group_priority(priority, totals, advantages),
+        rewards=totals, advantages=advantages, reward_components=components, priority=prio,
     )
 
 

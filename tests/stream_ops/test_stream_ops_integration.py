@@ -3,11 +3,14 @@
 Good groups come out on experiences with the right rewards and advantages, malformed records land
 on the DLQ with reason, source topic and offset without stalling their partition, zero-variance
 groups are filtered and counted in the metrics; a second worker started after the first one
-stopped resumes from the committed offsets.
+stopped resumes from the committed offsets. When the broker dies under a worker, its sends fail
+and it exits non-zero within a bound instead of acking; after the broker is back, workers (one
+stopped by SIGTERM mid-stream) redo what was not committed and every group comes out.
 """
 from __future__ import annotations
 
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -19,8 +22,10 @@ import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from streamrft.infra.kafka import committed_offsets, ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
+from streamrft.infra.kafka import (committed_offsets, ensure_topics, flush_or_raise, make_consumer, make_producer,
+                                   partition_ends, run_topics)
 from streamrft.schemas import DeadLetter, ExperienceGroup, Metric, RolloutGroup, Task, Trajectory, decode, encode, topic_name
+from streamrft.stream_ops.app import STOP_GRACE_S
 
 ANSWER = "4"
 BULK = 1000
@@ -59,10 +64,22 @@ class Outputs:
         while not done():
             assert worker.poll() is None, f"worker exited with {worker.returncode}; log:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}"
-            for m in self.consumer.consume(num_messages=1000, timeout=0.5):
-                assert m.error() is None, m.error()
-                msg = decode(m.value())
-                {"experience_group": self.experiences, "dead_letter": self.dead, "metric": self.metrics}[msg.kind].append(msg)
+            self._read()
+
+    def drain(self, idle_s: float = 2.0) -> None:
+        """Read what is there until nothing new comes for `idle_s` (no worker needed)."""
+        last = time.monotonic()
+        while time.monotonic() - last < idle_s:
+            if self._read():
+                last = time.monotonic()
+
+    def _read(self) -> int:
+        msgs = self.consumer.consume(num_messages=1000, timeout=0.5)
+        for m in msgs:
+            assert m.error() is None, m.error()
+            msg = decode(m.value())
+            {"experience_group": self.experiences, "dead_letter": self.dead, "metric": self.metrics}[msg.kind].append(msg)
+        return len(msgs)
 
     def close(self) -> None:
         self.consumer.close()
@@ -71,22 +88,26 @@ class Outputs:
         return {e.group_id for e in self.experiences}
 
 
-def start_worker(config: Path, worker_id: str, log: Path) -> subprocess.Popen:
+def start_worker(config: Path, worker_id: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "streamrft.stream_ops.cli_entry", str(config),
                                  "--worker-id", worker_id], stdout=fh, stderr=subprocess.STDOUT,
-                                cwd=Path(__file__).resolve().parents[2])
+                                cwd=Path(__file__).resolve().parents[2], env={**os.environ, **(env or {})})
 
 
-def stop_worker(proc: subprocess.Popen, log: Path) -> None:
+def stop_worker(proc: subprocess.Popen, log: Path, within: float = 15.0) -> float:
+    """SIGTERM; the worker must be gone within `within` seconds, with exit code 0. Returns the time taken."""
+    started = time.monotonic()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(within)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-            raise AssertionError(f"worker ignored SIGTERM; log:\n{log.read_text()[-3000:]}")
+            raise AssertionError(f"worker ignored SIGTERM for {within} s; log:\n{log.read_text()[-3000:]}")
+    assert proc.returncode == 0, f"worker exited with {proc.returncode}; log:\n{log.read_text()[-3000:]}"
+    return time.monotonic() - started
 
 
 def test_stream_ops_end_to_end_and_resume(stack, namespace, tmp_path):
@@ -188,5 +209,74 @@ def test_stream_ops_end_to_end_and_resume(stack, namespace, tmp_path):
         assert seen.count("r1") == 1  # committed before w2 started: never redone
         print(f"killed -9 with {out_at_kill}/{len(good)} groups out; {len(seen) - len(set(seen))} redone after")
         assert len(out.dead) == 3  # the committed offsets kept the bad records from coming back
+    finally:
+        out.close()
+
+
+SEND_TIMEOUT_S = 3  # the worker's producer gives up on a send after this (faust's PRODUCER_REQUEST_TIMEOUT)
+
+
+def test_broker_down_worker_exits_nonzero_then_restart_redoes(private_stack, namespace, tmp_path):
+    kafka = private_stack.kafka.model_copy(update={"partitions": 2})
+    ensure_topics(kafka, run_topics(kafka, namespace, teams=("red",)))
+    red = topic_name(namespace, "rollouts", "red")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "namespace": namespace, "output_dir": str(tmp_path / "out"), "model": {"path": "unused"},
+        "stack": {"embedded": False}, "kafka": kafka.model_dump(), "explorer": {"team": "red"},
+        "stream_ops": {"rewards": [{"name": "exact_match"}]},
+    }))
+    producer = make_producer(kafka)
+    gids = [f"g-{i}" for i in range(6000)]
+    for gid in gids:
+        producer.produce(red, encode(make_group(gid, "red", ["4", "5"])), gid.encode())
+    flush_or_raise(producer)
+    del producer
+    log = tmp_path / "worker.log"
+    out = Outputs(kafka, namespace)
+    try:
+        worker = start_worker(config, "w1", log, env={"PRODUCER_REQUEST_TIMEOUT": str(SEND_TIMEOUT_S)})
+        try:
+            out.wait_for(lambda: len(out.experiences) >= 200, 60, "the first outputs", worker, log)
+            private_stack.embedded.kill("tansu")  # records are in flight: their sends cannot be acknowledged
+            killed = time.monotonic()
+            code = worker.wait(SEND_TIMEOUT_S + STOP_GRACE_S + 20)
+            took = time.monotonic() - killed
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+        print(f"broker killed with {len(out.experiences)} groups out; worker exited {code} after {took:.1f}s")
+        assert code != 0, log.read_text()[-3000:]
+        assert took < SEND_TIMEOUT_S + STOP_GRACE_S + 5, log.read_text()[-3000:]
+
+        private_stack.embedded.restart("tansu")
+        out.drain()  # what w1 wrote before the broker died: every later output is w2's
+        n = len(out.experiences)
+        worker = start_worker(config, "w2", log)
+        try:
+            out.wait_for(lambda: len(out.experiences) >= n + 300, 60, "w2 scoring", worker, log)
+            print(f"SIGTERM mid-stream: stopped in {stop_worker(worker, log):.1f}s, exit {worker.returncode}")
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+        worker = start_worker(config, "w3", log)
+        try:
+            out.wait_for(lambda: out.group_ids() >= set(gids) and any(m.role_id == "w3" for m in out.metrics), 120,
+                         "every group, and w3 up", worker, log)
+            ends = {e.partition: e.end for e in partition_ends(kafka, red)}
+            deadline = time.monotonic() + 30
+            while (committed := committed_offsets(kafka, f"{namespace}.stream-ops", red, list(ends))) != ends:
+                assert time.monotonic() < deadline, f"committed {committed}, ends {ends}"
+                time.sleep(0.5)
+            private_stack.embedded.kill("tansu")  # SIGTERM must not hang on a broker that is gone
+            print(f"SIGTERM with the broker down: stopped in {stop_worker(worker, log):.1f}s, exit {worker.returncode}")
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+        assert not out.dead
+        print(f"{len(out.experiences) - len(gids)} groups redone after the broker death and the SIGTERM")
     finally:
         out.close()
