@@ -189,13 +189,36 @@ def matching_topics(cfg: KafkaConfig, namespace: str) -> list[str]:
     return sorted(t for t in make_admin(cfg).list_topics(timeout=10).topics if pattern.match(t))
 
 
+class StreamOpsApp(faust.App):
+    """faust's App with one fix: a record fetched before a rebalance is never acked unprocessed.
+
+    faust's stream skips records fetched in an older consumer generation (it will fetch them again
+    from the committed offset) but still acks them, so their offsets join the acked set and the
+    next commit can move past records that no agent has processed yet: a crash then loses them.
+    The consumer here refuses exactly those acks (untracked, older generation); records the agent
+    processed are tracked and acked as before.
+    """
+
+    def _new_consumer(self):
+        consumer = super()._new_consumer()
+        ack = consumer.ack
+
+        def ack_unless_skipped_stale(message) -> bool:
+            if not message.tracked and message.generation_id != self.consumer_generation_id:
+                return False
+            return ack(message)
+
+        consumer.ack = ack_unless_skipped_stale
+        return consumer
+
+
 def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer."""
     ns = cfg.namespace
     scorer = build_scorer(cfg)
     datadir = Path(cfg.output_dir) / "stream-ops"  # faust insists on one, even with no tables
     datadir.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    app = StreamOpsApp(
         f"{ns}.stream-ops",
         **broker_settings(cfg.kafka),
         # the embedded broker holds each JoinGroup reply for half the session timeout

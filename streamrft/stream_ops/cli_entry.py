@@ -12,6 +12,10 @@ import sys
 
 
 def cmd_score(args) -> int:
+    import signal
+
+    # stopped before the faust worker installs its own handlers: nothing is consumed yet, exit clean
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     from streamrft.infra.stack import resolve_clients
     from streamrft.config import dump_config, load_config
 

@@ -280,3 +280,31 @@ def test_broker_down_worker_exits_nonzero_then_restart_redoes(private_stack, nam
         print(f"{len(out.experiences) - len(gids)} groups redone after the broker death and the SIGTERM")
     finally:
         out.close()
+
+
+def test_a_record_fetched_before_a_rebalance_is_never_acked_unprocessed(stack, namespace, tmp_path):
+    """faust skips records fetched in an older consumer generation and acks them anyway, which
+    lets the next commit pass records no agent has processed; the worker's consumer refuses those
+    acks (the records are fetched again from the committed offset) and acks everything else."""
+    from faust.types import TP, Message
+
+    from streamrft.config import RunConfig
+    from streamrft.stream_ops.app import make_app
+
+    cfg = RunConfig.model_validate({"model": {"path": "unused"}, "namespace": namespace, "output_dir": str(tmp_path),
+                                    "kafka": {"bootstrap": stack.kafka.bootstrap}})
+    app = make_app(cfg, "w-generations")
+    consumer = app.consumer
+    topic = topic_name(namespace, "rollouts", "default")
+    app.topics._acking_topics.add(topic)  # what the conductor does once the agent subscribes
+    app.consumer_generation_id = 2
+
+    def message(offset: int, generation: int, tracked: bool) -> Message:
+        m = Message(topic, 0, offset, 0.0, 0, None, b"k", b"v", None, generation_id=generation)
+        m.tracked = tracked
+        return m
+
+    assert consumer.ack(message(5, generation=1, tracked=False)) is False  # skipped by the stream
+    assert consumer.ack(message(6, generation=1, tracked=True)) is True    # processed by the agent
+    assert consumer.ack(message(7, generation=2, tracked=False)) is True   # this generation's
+    assert sorted(consumer._acked[TP(topic, 0)]) == [6, 7]
