@@ -24,7 +24,7 @@ import pytest
 from streamrft.config import load_config
 from streamrft.infra.kafka import committed_offsets
 from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
-from tests_helpers import demo_overrides, read_all as _read_all, trainer_version
+from tests_helpers import demo_overrides, read_all as _read_all, stop_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
@@ -120,14 +120,7 @@ def test_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(stack, tmp
         procs["train"] = _spawn(["train", str(resolved)], tmp_path / "train2.log")
         assert procs["train"].wait(timeout=400) == 0, (tmp_path / "train2.log").read_text()[-3000:]
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
     log2 = (tmp_path / "train2.log").read_text()
     assert f"at version {killed_at}" in log2  # resumed from the checkpoint, not from scratch
     state = json.loads((ckpt / "v6" / "state.json").read_text())

@@ -47,3 +47,19 @@ def trainer_version(ckpt: Path) -> int:
     done = [int(m.group(1)) for d in Path(ckpt).glob("v*")
             if (m := re.fullmatch(r"v(\d+)", d.name)) and (d / "state.json").exists()]
     return max(done, default=-1)
+
+
+def stop_all(procs: dict, timeout: float = 30.0) -> None:
+    """SIGTERM every process still running, then wait; kill -9 what outlives `timeout`."""
+    import signal
+    import subprocess
+
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -23,7 +23,7 @@ from streamrft.infra.kafka import ensure_topics, make_consumer, run_topics
 from streamrft.producers.membership import NUM_SLOTS
 from streamrft.producers.tasks import load_task_file, task_slot
 from streamrft.schemas import RolloutGroup, decode, topic_name
-from tests_helpers import demo_overrides
+from tests_helpers import demo_overrides, stop_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
@@ -73,11 +73,6 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 
 
-def _version(ckpt: Path) -> int:
-    latest = ckpt / "LATEST"
-    return int(latest.read_text().strip()[1:]) if latest.exists() else -1
-
-
 def test_explorer_joins_a_running_run_takes_a_disjoint_shard_and_its_shard_is_taken_over_when_killed(stack, tmp_path):
     from streamrft.launch.prepare import prepare
 
@@ -111,23 +106,15 @@ def test_explorer_joins_a_running_run_takes_a_disjoint_shard_and_its_shard_is_ta
         assert len(mine5) > 8  # a real share, not one batch
 
         # explorer 5 killed: its slots move to explorer 0 after the session timeout, the run goes on
-        version_at_kill = _version(tmp_path / "trainer")
+        version_at_kill = trainer_version(tmp_path / "trainer")
         os.kill(procs["explore-5"].pid, signal.SIGKILL)
         procs.pop("explore-5").wait()
         log.wait_for(lambda: log.slots(0, t_kill + GRACE_S) & mine5, 60, "explorer 0 takes over the killed one's tasks",
                      procs)
-        log.wait_for(lambda: _version(tmp_path / "trainer") > version_at_kill + 1, 120, "training goes on", procs)
+        log.wait_for(lambda: trainer_version(tmp_path / "trainer") > version_at_kill + 1, 120, "training goes on", procs)
         assert not log.slots(5, t_kill + GRACE_S)
     finally:
         log.consumer.close()
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
     # explorer 0 stopped by SIGTERM: a clean exit, after publishing through all of it
     assert procs["explore-0"].returncode == 0, (tmp_path / "explore-0.log").read_text()[-3000:]
