@@ -62,7 +62,7 @@ class Explorer:
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
     def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
-        from streamrft.producers.evaluate import evaluate
+        from streamrft.producers.evaluate import evaluate_run
 
         cfg, v = self.cfg, self.engine.version
         if 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0 or v in evaluated \
@@ -71,8 +71,7 @@ class Explorer:
         evaluated.add(v)
         if self.eval_tasks is None:
             self.eval_tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-        score = evaluate(self.engine, self.eval_tasks, self.cfg.stream_ops.rewards,
-                         self.cfg.explorer.sampling.max_new_tokens, self.cfg.explorer.chat_template)
+        score = evaluate_run(self.engine, self.eval_tasks, cfg)
         self._metric({"eval_reward": score, "version": v}, role="eval")
         log.info("eval v%d: %.3f", v, score)
 

@@ -7,6 +7,7 @@ checked against a teacher-forced forward pass over the concatenated ids.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -215,24 +216,33 @@ def test_a_non_finite_environment_reward_is_refused(tok):
 
     with pytest.raises(ValueError, match="reward nan"):
         run(multi_turn, ScriptedEngine(tok, lambda _: "1<eos>"), [_task()], env=Broken)
+    Broken.step = lambda self, action: (None, 0.0, False, {})
+    with pytest.raises(ValueError, match="must be a str"):
+        run(multi_turn, ScriptedEngine(tok, lambda _: "1<eos>"), [_task()], env=Broken)
 
 
 # ---- batching and groups ----
 
-def test_all_episodes_of_a_call_share_one_generate_per_turn(tok):
-    # secrets 1, 5, 8 and the fixed search 4, 6, 5, 8 / 2 ...: episodes finish at different turns
-    def policy(text):
-        return ["4", "6" if "higher" in text else "2", "5" if text.endswith("lower:") else "8", "1"][feedbacks(text)] + "<eos>"
+def bisect(text: str) -> str:
+    """Binary search over 1-8, reading its guesses and the feedback from the plain transcript."""
+    lo, hi = 1, 8
+    for guess, word in re.findall(r"(\d)<eos>(higher|lower)", text):
+        lo, hi = (int(guess) + 1, hi) if word == "higher" else (lo, int(guess) - 1)
+    return f"{(lo + hi) // 2}<eos>"
 
+
+def test_all_episodes_of_a_call_share_one_generate_per_turn(tok):
     tasks = [_task(s, task_id=f"t{s}") for s in ("1", "5", "8")]
-    eng = ScriptedEngine(tok, policy)
+    eng = ScriptedEngine(tok, bisect)
     groups = run(multi_turn, eng, tasks, n=4)
-    assert [len(c[0]) for c in eng.calls] == [12, 12, 12, 4]  # secret 1: 4, 2, 8, 1 takes four turns
+    assert [len(c[0]) for c in eng.calls] == [12, 12, 12, 4]  # 4, 2, 1 / 4, 6, 5 / 4, 6, 7, 8
+    assert all(p.n == 1 for _, p in eng.calls)
     assert [g.task.task_id for g in groups] == ["t1", "t5", "t8"]
     for g in groups:
         assert len(g.trajectories) == 4 and len({t.info["episode_id"] for t in g.trajectories}) == 4
-        assert all(t.task_id == g.task.task_id for t in g.trajectories)
-    assert [g.trajectories[0].info["turns"] for g in groups] == [4, 3, 3]
+        assert all(t.task_id == g.task.task_id and t.finish_reason == "env_done" for t in g.trajectories)
+    assert [g.trajectories[0].info["turns"] for g in groups] == [3, 3, 4]
+    assert [g.trajectories[0].env_reward for g in groups] == pytest.approx([0.9, 0.9, 0.85])
 
 
 # ---- step_wise ----
@@ -242,7 +252,8 @@ def test_step_wise_gives_one_trajectory_per_turn_sharing_the_episode_reward(tok)
     (group,) = run(step_wise, eng, [_task("5")], n=2)
     trajs = group.trajectories
     assert len(trajs) == 6
-    (concat,) = run(multi_turn, ScriptedEngine(tok, guesses("4<eos>", "6<eos>", "5<eos>")), [_task("5")])[0].trajectories
+    script = guesses("4<eos>", "6<eos>", "5<eos>")
+    (concat,) = run(multi_turn, ScriptedEngine(tok, script), [_task("5")])[0].trajectories
     episode = trajs[:3]
     assert len({t.info["episode_id"] for t in trajs}) == 2 and len({t.info["episode_id"] for t in episode}) == 1
     assert [t.info["step"] for t in trajs] == [0, 1, 2, 0, 1, 2] and {t.info["num_steps"] for t in trajs} == {3}
@@ -343,6 +354,32 @@ def test_a_users_workflow_and_environment_by_import_path(tok):
     check_wire([group])
     assert all(t.info["mine"] == 3 and t.env_reward == 1.0 for t in group.trajectories)
     assert group.trajectories[0].response_ids == ids(tok, "2<eos> next:1<eos>")
+
+
+# ---- held-out eval of a multi-turn run ----
+
+@pytest.mark.parametrize("workflow", ["multi_turn", "step_wise"])
+def test_eval_plays_greedy_episodes_scored_with_the_env_term(tok, workflow):
+    from streamrft.config import parse_config
+    from streamrft.producers.evaluate import evaluate_run
+
+    cfg = parse_config({"model": {"path": "unused"}, "stream_ops": {"rewards": [{"name": "env"}]},
+                        "explorer": {"workflow": workflow, "env": {"type": "guess_number"}, "group_size": 8}})
+    eng = ScriptedEngine(tok, bisect)
+    score = evaluate_run(eng, [_task("1"), _task("4", task_id="t4")], cfg)  # bisect: 3 turns (0.9), 1 turn (1.0)
+    assert all(p.n == 1 and p.temperature == 0.0 for _, p in eng.calls)
+    assert score == pytest.approx((0.9 + 1.0) / 2 if workflow == "multi_turn" else (3 * 0.9 + 1.0) / 4)
+
+
+def test_eval_of_a_single_turn_run_is_unchanged(tok):
+    from streamrft.config import parse_config
+    from streamrft.producers.evaluate import evaluate_run
+
+    cfg = parse_config({"model": {"path": "unused"}, "stream_ops": {"rewards": [{"name": "exact_match"}]}})
+    eng = ScriptedEngine(tok, lambda text: "4<eos>")
+    assert evaluate_run(eng, [_task("4"), _task("5", task_id="t5")], cfg) == 0.5
+    ((prompts, params),) = eng.calls
+    assert len(prompts) == 2 and (params.n, params.temperature) == (1, 0.0)
 
 
 # ---- end to end on the real engine ----

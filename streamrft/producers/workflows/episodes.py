@@ -132,8 +132,9 @@ def _advance(e: Episode, completion, budget: int, max_new_tokens: int, tokenizer
         return
     observation, reward, done, info = e.env.step(text)
     turn.reward = float(reward)
-    if not math.isfinite(turn.reward):
-        raise ValueError(f"environment {type(e.env).__name__} returned reward {reward} (task {e.task.task_id})")
+    if not math.isfinite(turn.reward) or not isinstance(observation, str):
+        raise ValueError(f"environment {type(e.env).__name__} returned observation {observation!r:.40} and reward "
+                         f"{reward} (task {e.task.task_id}): the observation must be a str, the reward finite")
     e.env_info = dict(info or {})
     if done:
         e.finish_reason = ENV_DONE
