@@ -25,6 +25,8 @@ AGGREGATION_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", 
 OFFLINE_TYPES = ("sft", "dpo", "kto")
 # `streamrft.stream_ops.rewards.REWARDS` plus `env` (scoring.ENV_TERM: the trajectory's env_reward)
 REWARD_NAMES = ("exact_match", "math_verify", "format", "reverse", "weighted_mix", "env")
+WORKFLOW_TYPES = ("single_turn", "multi_turn", "step_wise")  # streamrft.producers.workflows.WORKFLOWS
+ENV_TYPES = ("guess_number", "calculator")  # streamrft.producers.envs.ENVIRONMENTS
 
 _PORT = {"ge": 1, "le": 65535}
 _FINITE = {"allow_inf_nan": False}
@@ -122,6 +124,9 @@ class TinyModelSpec(Section):
     intermediate_size: int | None = Field(None, ge=1)
     max_positions: int = Field(128, ge=1)
     seed: int = Field(0, ge=0)
+    alphabet: str | None = Field(None, min_length=1)
+    """The char tokenizer's characters; None = the reverse demo's. A multi-turn example sets its
+    environment's `ALPHABET` (e.g. `streamrft.producers.envs.guess_number.ALPHABET`)."""
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyModelSpec":
@@ -172,6 +177,26 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(32, ge=1)
 
 
+class EnvConfig(Section):
+    """The environment of the multi-turn workflows: a fresh `cls(**params)` per episode."""
+
+    type: str | None = None
+    """A name in `streamrft.producers.envs.ENVIRONMENTS`."""
+    import_path: str | None = None
+    """`pkg.module:Class` for your own environment; wins over `type`."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's constructor (e.g. `{high: 16, max_guesses: 5}`)."""
+
+    @model_validator(mode="after")
+    def _named(self) -> "EnvConfig":
+        if self.import_path:
+            return self
+        if self.type is None:
+            raise ValueError("an environment needs `type` or `import_path`")
+        _choice(self.type, ENV_TYPES, "type")
+        return self
+
+
 class ExplorerConfig(Section):
     num_explorers: int = Field(2, ge=1)
     """Explorers `streamrft run` starts. Explorers may join and leave a run at will: task shards
@@ -184,9 +209,23 @@ class ExplorerConfig(Section):
     """n: trajectories per task, published together as one RolloutGroup."""
     tasks_per_batch: int = Field(4, ge=1)
     """Tasks generated in one engine call."""
-    workflow: Literal["single_turn"] = "single_turn"
+    workflow: str = "single_turn"
+    """How tasks become groups (`streamrft.producers.workflows`): `single_turn`; `multi_turn` (one
+    trajectory per episode in `env`, loss mask 1 only on sampled tokens); `step_wise` (one trajectory
+    per model turn, each with the episode's reward)."""
+    workflow_import_path: str | None = None
+    """`pkg.module:function` for your own workflow; wins over `workflow`."""
+    env: EnvConfig | None = None
+    """The environment of `multi_turn` and `step_wise` (required by them)."""
+    max_turns: int = Field(8, ge=1)
+    """Multi-turn: model turns per episode at most (ends it with finish_reason `max_turns`). A model
+    turn has at most `sampling.max_new_tokens` tokens (finish_reason `length`)."""
+    max_total_tokens: int = Field(1024, ge=2)
+    """Multi-turn: prompt + response tokens of an episode at most (finish_reason `max_total_tokens`);
+    keep it within the model's context (the tiny char model's `max_positions`)."""
     chat_template: bool = False
-    """Render each prompt as a user turn with the tokenizer's chat template (instruct models)."""
+    """Render each prompt as a user turn with the tokenizer's chat template (instruct models);
+    multi-turn: environment turns as user turns, model turns as assistant turns."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     torch_threads: int = Field(1, ge=1)
@@ -195,6 +234,17 @@ class ExplorerConfig(Section):
     admission_wait_s: float = Field(5.0, ge=0, **_FINITE)
     """Waited this long for a new version while the current one is still fresh: start more groups
     anyway (the trainer still needs data, e.g. after zero-variance groups were filtered)."""
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, v: str) -> str:
+        return _choice(v, WORKFLOW_TYPES, "workflow")
+
+    @model_validator(mode="after")
+    def _env(self) -> "ExplorerConfig":
+        if self.workflow_import_path is None and self.workflow != "single_turn" and self.env is None:
+            raise ValueError(f"workflow={self.workflow!r} needs an environment: set explorer.env")
+        return self
 
 
 class RewardTerm(Section):

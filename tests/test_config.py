@@ -10,7 +10,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from streamrft.config import REWARD_NAMES, ConfigError, RunConfig, dump_config, load_config, parse_config
+from streamrft.config import (ENV_TYPES, REWARD_NAMES, WORKFLOW_TYPES, ConfigError, RunConfig, dump_config, load_config,
+                              parse_config)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for ext in ("yaml", "yml") for p in (ROOT / "examples").rglob(f"*.{ext}"))
@@ -85,6 +86,8 @@ def test_override_later_wins(inline_yaml):
     ("kafka.security_protocol=TLS", ["kafka.security_protocol", "SASL_PLAINTEXT"]),
     ("trainer.engine=jax", ["trainer.engine", "deepspeed"]),
     ("explorer.engine.type=sglang", ["explorer.engine.type", "vllm"]),
+    ("explorer.workflow=agent", ["explorer.workflow", "'agent'", "multi_turn", "step_wise"]),
+    ("explorer.env={type: chess}", ["explorer.env", "'chess'", "guess_number", "calculator"]),
 ])
 def test_wrong_choice_names_field_and_allowed_values(inline_yaml, override, names):
     with pytest.raises(ConfigError) as info:
@@ -174,6 +177,8 @@ OUT_OF_RANGE = [
     ("explorer.torch_threads=0", "explorer.torch_threads: must be >= 1 (got 0)"),
     ("explorer.max_groups=0", "explorer.max_groups: must be >= 1 (got 0)"),
     ("explorer.admission_wait_s=-1", "explorer.admission_wait_s: must be >= 0 (got -1)"),
+    ("explorer.max_turns=0", "explorer.max_turns: must be >= 1 (got 0)"),
+    ("explorer.max_total_tokens=1", "explorer.max_total_tokens: must be >= 2 (got 1)"),
     ("explorer.engine.max_batch=0", "explorer.engine.max_batch: must be >= 1 (got 0)"),
     ("explorer.engine.gpu_memory_utilization=0", "explorer.engine.gpu_memory_utilization: must be > 0 and <= 1 (got 0)"),
     ("explorer.engine.gpu_memory_utilization=1.5",
@@ -251,6 +256,7 @@ def test_every_number_in_the_tree_has_a_range_tested():
     "explorer.engine.gpu_memory_utilization=1", "stack.kafka_port=65535", "stack.weed_port_base=65527",
     "kafka.retention_ms=-1", "kafka.retention_ms=1", "eval.every_versions=0", "explorer.admission_wait_s=0",
     "algorithm.entropy_coef=-0.01", "stream_ops.rewards=[{name: reverse, weight: -1}]",
+    "explorer.max_turns=1", "explorer.max_total_tokens=2",
 ])
 def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     load_config(inline_yaml, [override])
@@ -264,6 +270,10 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["model.build={hidden_size: 30, heads: 4}"], "model.build: heads (4) must divide hidden_size (30)"),
     (["model.build={heads: 4, kv_heads: 3}"], "model.build: kv_heads (3) must divide heads (4)"),
     (["stream_ops.rewards=[]"], "stream_ops.rewards: List should have at least 1 item"),
+    (["explorer.workflow=multi_turn"], "explorer: workflow='multi_turn' needs an environment: set explorer.env"),
+    (["explorer.workflow=step_wise"], "explorer: workflow='step_wise' needs an environment"),
+    (["explorer.env={params: {a: 1}}"], "explorer.env: an environment needs `type` or `import_path`"),
+    (["model.build={alphabet: ''}"], "model.build.alphabet: String should have at least 1 character"),
 ])
 def test_cross_field_and_special_ranges(inline_yaml, overrides, message):
     with pytest.raises(ConfigError) as info:
@@ -314,3 +324,48 @@ def test_loading_a_config_imports_no_torch_or_rewards(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# ---- workflows and environments ----
+
+@pytest.mark.parametrize("overrides", [
+    ["explorer.workflow=multi_turn", "explorer.env={type: guess_number, params: {high: 16}}"],
+    ["explorer.workflow=step_wise", "explorer.env={type: calculator}", "explorer.chat_template=true"],
+    ["explorer.workflow=multi_turn", "explorer.env={type: nope, import_path: 'pkg.mod:Env'}"],
+    ["explorer.workflow_import_path=pkg.mod:my_workflow"],  # a user's workflow may need no environment
+    ["model.build={alphabet: 'abc 0123'}"],
+])
+def test_multi_turn_workflows_and_environments_load(inline_yaml, overrides):
+    cfg = load_config(inline_yaml, overrides)
+    assert parse_config(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_workflow_defaults_keep_single_turn(inline_yaml):
+    ex = load_config(inline_yaml).explorer
+    assert (ex.workflow, ex.workflow_import_path, ex.env) == ("single_turn", None, None)
+    assert (ex.max_turns, ex.max_total_tokens) == (8, 1024)
+
+
+def test_workflow_and_environment_names_match_the_registries():
+    from streamrft.producers.envs import ENVIRONMENTS
+    from streamrft.producers.workflows import WORKFLOWS
+
+    assert list(WORKFLOW_TYPES) == list(WORKFLOWS)
+    assert list(ENV_TYPES) == list(ENVIRONMENTS)
+
+
+def test_model_build_alphabet_builds_the_char_tokenizer_over_it(tmp_path):
+    pytest.importorskip("torch")
+    from streamrft.consumers.offline import ensure_model
+    from streamrft.engine.models import load_tokenizer
+    from streamrft.producers.envs.guess_number import ALPHABET
+    from streamrft.producers.synthetic import ALPHABET as DEMO
+
+    built = {}
+    for name, alphabet in (("env", ALPHABET), ("demo", None)):
+        cfg = parse_config({"model": {"path": str(tmp_path / name),
+                                      "build": {"hidden_size": 8, "layers": 1, "heads": 2, "alphabet": alphabet}}})
+        built[name] = load_tokenizer(ensure_model(cfg))
+    assert len(built["env"]) == 4 + len(ALPHABET) and len(built["demo"]) == 4 + len(DEMO)
+    ids = built["env"]("guess 1-8:", add_special_tokens=False).input_ids
+    assert built["env"].unk_token_id not in ids and built["env"].decode(ids) == "guess 1-8:"

@@ -37,7 +37,8 @@ def ensure_model(cfg: RunConfig) -> str:
     from streamrft.engine.models import build_char_tokenizer, build_tiny_model
     from streamrft.producers.synthetic import ALPHABET
 
-    build_tiny_model(path, build_char_tokenizer(ALPHABET), **cfg.model.build.model_dump())
+    spec = cfg.model.build
+    build_tiny_model(path, build_char_tokenizer(spec.alphabet or ALPHABET), **spec.model_dump(exclude={"alphabet"}))
     return str(path)
 
 

@@ -50,7 +50,7 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
     from streamrft.engine.rollout import engine_from_config
     from streamrft.engine.weights import fetch_state_dict
     from streamrft.infra.objectstore import WeightStore
-    from streamrft.producers.evaluate import evaluate
+    from streamrft.producers.evaluate import evaluate_run
     from streamrft.producers.tasks import load_task_file
 
     engine = engine_from_config(cfg)
@@ -58,8 +58,7 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
         with tempfile.TemporaryDirectory() as tmp:
             engine.load_weights(fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp)), version)
     tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-    return evaluate(engine, tasks, cfg.stream_ops.rewards, cfg.explorer.sampling.max_new_tokens,
-                    cfg.explorer.chat_template)
+    return evaluate_run(engine, tasks, cfg)
 
 
 def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tuple[float, int, float]]) -> None:

@@ -4,7 +4,8 @@ Run one with `streamrft explore CONFIG --index I`, at any time, as many as you l
 `streamrft run` starts `explorer.num_explorers` of them. The index names the explorer (its id,
 logs, shuffle seed). Explorers present share the run's slots (`membership.py`): each takes the
 file tasks of its slots and that share of the admission quota, and the shares move when one joins
-or leaves. Each generates `tasks_per_batch` tasks x `group_size` samples per engine call,
+or leaves. Each runs its workflow (`explorer.workflow`: single-turn samples, or multi-turn episodes
+in `explorer.env`) on `tasks_per_batch` tasks x `group_size` samples at a time,
 publishes every group whole (acks=all) and waits for a newer weight version when admission
 control says its groups would arrive too stale. The holder of slot 0 evaluates each
 `eval.every_versions`-th version, so the eval survives the departure of any one explorer.
@@ -25,7 +26,7 @@ from streamrft.producers.admission import admit, explorer_quota, run_quota
 from streamrft.producers.membership import Membership
 from streamrft.producers.tasks import load_task_file, make_task_source
 from streamrft.producers.weights_watcher import WeightsWatcher
-from streamrft.producers.workflows import WORKFLOWS
+from streamrft.producers.workflows import make_workflow
 from streamrft.schemas import Metric, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class Explorer:
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
     def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
-        from streamrft.producers.evaluate import evaluate
+        from streamrft.producers.evaluate import evaluate_run
 
         cfg, v = self.cfg, self.engine.version
         if 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0 or v in evaluated \
@@ -70,15 +71,14 @@ class Explorer:
         evaluated.add(v)
         if self.eval_tasks is None:
             self.eval_tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-        score = evaluate(self.engine, self.eval_tasks, self.cfg.stream_ops.rewards,
-                         self.cfg.explorer.sampling.max_new_tokens, self.cfg.explorer.chat_template)
+        score = evaluate_run(self.engine, self.eval_tasks, cfg)
         self._metric({"eval_reward": score, "version": v}, role="eval")
         log.info("eval v%d: %.3f", v, score)
 
     def run(self) -> dict:
         cfg, ex = self.cfg, self.cfg.explorer
         tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=cfg.data.seed * 1000 + self.index)
-        workflow = WORKFLOWS[ex.workflow]
+        workflow = make_workflow(ex)
         self.members.start()
         self.watcher.start()
         started, blocked_since, evaluated = 0, None, set()

@@ -1,9 +1,7 @@
-"""Workflows turn tasks into RolloutGroups with a rollout engine.
+"""Single-turn: `params.n` independent completions of each task's prompt, one engine call for the batch.
 
-A workflow is `fn(engine, tasks, params, *, version, team, tokenizer) -> list[RolloutGroup]`.
-Single-turn is the one shipped now; a multi-turn chat or an agent in an environment returns the
-same RolloutGroup with `loss_mask` zeroing the environment's tokens (and logprobs 0.0 there), so
-the trainer and stream ops need no change. Chosen by `explorer.workflow` from `WORKFLOWS`.
+Every token of a response is sampled, so no loss mask is needed (all 1). `encode_prompt` is how
+every workflow (and the held-out eval) turns a task into prompt ids.
 """
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ def encode_prompt(tokenizer, task: Task, chat: bool = False) -> list[int]:
 
 def single_turn(engine: RolloutEngine, tasks: list[Task], params: SamplingParams, *, version: int,
                 team: str, producer_id: str = "", chat: bool = False) -> list[RolloutGroup]:
+    """One RolloutGroup of `params.n` trajectories per task."""
     prompts = [encode_prompt(engine.tokenizer, t, chat) for t in tasks]
     outputs = engine.generate(prompts, params)
     groups = []
@@ -36,5 +35,3 @@ def single_turn(engine: RolloutEngine, tasks: list[Task], params: SamplingParams
         groups.append(RolloutGroup(group_id=gid, team=team, task=task, trajectories=trajs, producer_id=producer_id))
     return groups
 
-
-WORKFLOWS = {"single_turn": single_turn}

@@ -1,0 +1,62 @@
+"""Environments for multi-turn workflows, chosen by `explorer.env.type` from `ENVIRONMENTS`.
+
+An environment is any class with `reset(task) -> observation` and `step(action_text) ->
+(observation, reward, done, info)` (`base.Environment`); the workflow builds a fresh one per
+episode as `cls(**explorer.env.params)`. Write your own and name it with `import_path`, with no
+edit of streamrft:
+
+    # mypkg/envs.py: say the numbers from `start` down to 1, one per turn
+    from streamrft.producers.envs import StepResult
+
+    class Countdown:
+        def __init__(self, start: int = 3):
+            self.start = start
+
+        def reset(self, task) -> str:
+            self.next = self.start
+            return task.prompt                  # the first observation is the prompt
+
+        def step(self, action: str) -> StepResult:
+            if action.strip() != str(self.next):
+                return StepResult("wrong", 0.0, True, {"reached": self.next})
+            self.next -= 1
+            if self.next == 0:
+                return StepResult("done", 1.0, True, {})
+            return StepResult(" next:", 0.0, False, {})  # the model's next prompt; masked from the loss
+
+    # run.yaml
+    explorer:
+      workflow: multi_turn
+      env: {import_path: "mypkg.envs:Countdown", params: {start: 3}}
+
+Shipped: `guess_number` (a multi-turn game the tiny CPU model can learn) and `calculator` (tool use).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from streamrft.producers.envs.base import Environment, StepResult
+from streamrft.producers.envs.calculator import Calculator
+from streamrft.producers.envs.guess_number import GuessNumber
+
+ENVIRONMENTS: dict[str, type] = {
+    "guess_number": GuessNumber,
+    "calculator": Calculator,
+}
+
+EnvFactory = Callable[[], Environment]
+
+
+def env_factory(type: str | None, import_path: str | None = None, params: dict[str, Any] | None = None) -> EnvFactory:
+    """A zero-argument callable making fresh environments: the class at `import_path`
+    ("pkg.module:Class", wins over `type`) or `ENVIRONMENTS[type]`, called with `params`."""
+    # the algorithms' look-up (import_path wins, unknown names list the allowed ones); imported
+    # here because its package imports torch, which an environment on its own never needs
+    from streamrft.engine.algorithms.registry import resolve
+
+    cls = resolve(ENVIRONMENTS, type, import_path)
+    return functools.partial(cls, **(params or {}))
+
+
+__all__ = ["ENVIRONMENTS", "EnvFactory", "Environment", "StepResult", "env_factory"]
