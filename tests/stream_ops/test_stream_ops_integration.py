@@ -201,7 +201,10 @@ def test_stream_ops_end_to_end_and_resume(stack, namespace, tmp_path):
         out_at_kill = len(out.experiences)
         worker = start_worker(config, "w3", log)
         try:
-            out.wait_for(lambda: out.group_ids() >= set(good), 60, "every group after the kill", worker, log)
+            # w3 must be up (its metrics timer runs) before it is stopped: w2 may have put everything
+            # out before its kill, and a worker stopped while still starting proves nothing
+            out.wait_for(lambda: out.group_ids() >= set(good) and any(m.role_id == "w3" for m in out.metrics), 90,
+                         "every group after the kill, and w3 up", worker, log)
         finally:
             stop_worker(worker, log)
         seen = [e.group_id for e in out.experiences]
