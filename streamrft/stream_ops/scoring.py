@@ -41,12 +41,21 @@ class ScoringError(RuntimeError):
 
 @dataclass(frozen=True)
 class ResolvedReward:
-    """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`."""
+    """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`.
+
+    `context`: which of `task` / `trajectory` the function takes (`rewards.reward_context`), found once here.
+    """
 
     name: str
     fn: Callable[..., float] | None
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
+    context: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self):
+        from streamrft.stream_ops.rewards import reward_context
+
+        object.__setattr__(self, "context", () if self.fn is None else reward_context(self.fn))
 
 
 def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
@@ -59,7 +68,9 @@ def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
             raise ScoringError(f"reward term {term.name!r}: trajectory {traj.traj_id} has env_reward {value}")
         return value
     try:
-        value = float(term.fn(traj.response_text, group.task.answer, **term.params))
+        given = {"task": group.task, "trajectory": traj}
+        value = float(term.fn(traj.response_text, group.task.answer, **term.params,
+                              **{name: given[name] for name in term.context}))
     except Exception as e:  # a user's reward can raise anything; it must not stop the stream
         raise ScoringError(f"reward term {term.name!r} raised on trajectory {traj.traj_id}: {_describe(e)}",
                            type(e).__name__) from e

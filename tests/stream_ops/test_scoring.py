@@ -202,3 +202,24 @@ def test_a_group_with_episode_ids_on_some_trajectories_only_is_a_scoring_error()
     group.trajectories[1].info = {}
     with pytest.raises(ScoringError, match="episode_id"):
         score_group(group, [ENV], ADVANTAGES["grpo"], {}, False, "fifo")
+
+
+EPISODE_REWARD = '''
+def bonus(response, answer, *, task, trajectory, scale=1.0):
+    return scale * trajectory.env_reward * task.metadata["bonus"] + len(response)
+'''
+
+
+def test_a_user_reward_that_asks_for_task_and_trajectory_gets_them(tmp_path, monkeypatch):
+    (tmp_path / "my_episode_reward.py").write_text(EPISODE_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = cfg(algorithm={"advantage": {"type": "dr_grpo"}},
+            stream_ops={"rewards": [{"import_path": "my_episode_reward:bonus", "params": {"scale": 2.0}},
+                                    {"name": "exact_match"}]})
+    group = make_group(["4", "55"], env_rewards=[1.0, 0.5])
+    group.task.metadata = {"bonus": 3.0}
+    exp = build_scorer(c)(group)
+    # 2 * env_reward * 3 + len(response): 2*1*3 + 1 = 7, 2*0.5*3 + 2 = 5; exact_match 1, 0
+    assert exp.reward_components["my_episode_reward:bonus"] == [7.0, 5.0]
+    assert exp.rewards == [8.0, 5.0]
+    assert exp.advantages == pytest.approx([1.5, -1.5])
