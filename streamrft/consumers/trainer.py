@@ -55,7 +55,15 @@ class Objective:
         self.kl_coef = algo.kl.coef if algo.kl.mode == "loss" else 0.0
         self.kl_fn = KL_ESTIMATORS[algo.kl.estimator] if self.kl_coef else None
         self.entropy_coef = algo.entropy_coef
-        self.norm_len = cfg.explorer.sampling.max_new_tokens
+        # Dr.GRPO's constant length: the most tokens the loss can sum in one trajectory, i.e. the model's
+        # sampled (mask 1) tokens. single_turn and step_wise (one turn per trajectory): max_new_tokens.
+        # multi_turn (and a user's workflow, which gets the same TurnLimits): max_turns turns of at most
+        # max_new_tokens each, and prompt + response within max_total_tokens; environment tokens are masked
+        # and never counted. Any constant keeps the objective unbiased; this one keeps the loss's scale.
+        ex = cfg.explorer
+        self.norm_len = ex.sampling.max_new_tokens
+        if ex.workflow_import_path or ex.workflow == "multi_turn":
+            self.norm_len = min(ex.max_turns * ex.sampling.max_new_tokens, ex.max_total_tokens)
 
     def __call__(self, logp, batch: Batch, ref_logp, entropy, global_tokens, global_seqs):
         from streamrft.engine.algorithms import policy_objective

@@ -6,8 +6,10 @@ configured terms (`stream_ops.rewards`), each kept in `reward_components[term]`.
 `env` (no `import_path`) is not a function: it reads the trajectory's `env_reward`, the reward an
 environment producer attached; a trajectory without one makes the group a dead letter.
 Advantages come from `algorithm.advantage` (default: the algorithm preset's, grpo ->
-(r - mean) / (std + eps)) applied to the group's rewards. Batch- and token-level advantages
-(reinforce_pp, gae, opd) need more than one group: stream ops then sends zeros, the trainer
+(r - mean) / (std + eps)) applied to the group's rewards; in a step_wise group (trajectories tagged
+`info.episode_id`) to one reward per episode, broadcast back to its steps (see `score_group`).
+Batch- and token-level advantages (reinforce_pp, gae, opd) need more than one group: stream ops
+then sends zeros, the trainer
 computes them, and the zero-variance filter is off (it only makes sense under group baselines).
 Any exception in a user's reward or advantage becomes `ScoringError` naming the term and trajectory,
 and so does a non-finite value anywhere on the way (a term, a weighted total, an advantage, the priority):
@@ -39,12 +41,21 @@ class ScoringError(RuntimeError):
 
 @dataclass(frozen=True)
 class ResolvedReward:
-    """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`."""
+    """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`.
+
+    `context`: which of `task` / `trajectory` the function takes (`rewards.reward_context`), found once here.
+    """
 
     name: str
     fn: Callable[..., float] | None
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
+    context: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self):
+        from streamrft.stream_ops.rewards import reward_context
+
+        object.__setattr__(self, "context", () if self.fn is None else reward_context(self.fn))
 
 
 def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
@@ -57,7 +68,9 @@ def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
             raise ScoringError(f"reward term {term.name!r}: trajectory {traj.traj_id} has env_reward {value}")
         return value
     try:
-        value = float(term.fn(traj.response_text, group.task.answer, **term.params))
+        given = {"task": group.task, "trajectory": traj}
+        value = float(term.fn(traj.response_text, group.task.answer, **term.params,
+                              **{name: given[name] for name in term.context}))
     except Exception as e:  # a user's reward can raise anything; it must not stop the stream
         raise ScoringError(f"reward term {term.name!r} raised on trajectory {traj.traj_id}: {_describe(e)}",
                            type(e).__name__) from e
@@ -103,18 +116,54 @@ def group_priority(priority: str, rewards: list[float], advantages: list[float])
     raise ValueError(f"unknown priority {priority!r}; allowed: {list(PRIORITIES)}")
 
 
+def _episode_index(group: RolloutGroup) -> list[int] | None:
+    """Trajectory i's episode, numbered in order of first appearance; None when no trajectory has an episode id.
+
+    A step_wise group holds several trajectories (steps) per episode, tagged `info["episode_id"]`;
+    a group in which only some trajectories are tagged is an error.
+    """
+    ids = [t.info.get("episode_id") for t in group.trajectories]
+    if all(i is None for i in ids):
+        return None
+    if any(i is None for i in ids):
+        raise ScoringError(f"group {group.group_id}: some trajectories carry info.episode_id and some do not")
+    number: dict[Any, int] = {}
+    return [number.setdefault(i, len(number)) for i in ids]
+
+
+def _episode_rewards(group: RolloutGroup, totals: list[float], episode: list[int]) -> list[float]:
+    """One reward per episode; every step of an episode must score alike (as `env`, the episode's reward, does)."""
+    out: dict[int, float] = {}
+    for i, (e, r) in enumerate(zip(episode, totals)):
+        if e in out and not math.isclose(out[e], r, rel_tol=1e-9, abs_tol=1e-12):
+            raise ScoringError(f"steps of episode {group.trajectories[i].info['episode_id']} score differently "
+                               f"({out[e]} and {r} on trajectory {group.trajectories[i].traj_id}): step-wise "
+                               f"rewards must be the episode's (e.g. the `env` term)")
+        out.setdefault(e, r)
+    return [out[e] for e in range(len(out))]
+
+
 def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
                 advantage_params: dict, drop_zero_variance: bool, priority: str) -> ExperienceGroup | None:
-    """Score one group; None when its rewards are all equal and `drop_zero_variance` is on."""
+    """Score one group; None when its rewards are all equal and `drop_zero_variance` is on.
+
+    Episodes of several steps (step_wise): the advantage function, the zero-variance filter and the
+    priority see one reward per episode, and each step gets its episode's advantage, so an episode
+    with more steps does not weigh more in the group's baseline.
+    """
     n = len(group.trajectories)
     components = {term.name: [_term_value(term, group, i) for i in range(n)] for term in rewards}
     totals = [sum(term.weight * components[term.name][i] for term in rewards) for i in range(n)]
     if not all(math.isfinite(t) for t in totals):
         raise ScoringError(f"weighted rewards overflow: {totals} from {components}")
-    if drop_zero_variance and max(totals) - min(totals) <= 1e-12:
+    episode = _episode_index(group) or list(range(n))
+    episode_rewards = _episode_rewards(group, totals, episode)
+    if drop_zero_variance and max(episode_rewards) - min(episode_rewards) <= 1e-12:
         return None
-    advantages = _advantages(advantage_fn, advantage_params, totals)
-    prio = group_priority(priority, totals, advantages)
+    episode_advantages = _advantages(advantage_fn, advantage_params, episode_rewards)
+    # broadcast by index rather than engine.algorithms.broadcast_to_steps: no tensor, and steps need not be contiguous
+    advantages = [episode_advantages[e] for e in episode]
+    prio = group_priority(priority, episode_rewards, episode_advantages)
     if not math.isfinite(prio):
         raise ScoringError(f"priority {priority!r} is {prio} for rewards {totals}")
     return ExperienceGroup(

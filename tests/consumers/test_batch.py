@@ -37,3 +37,32 @@ def test_token_logprobs_matches_manual_log_softmax():
     assert torch.allclose(lp[0], expect)
     p = torch.softmax(logits, -1)
     assert torch.allclose(ent[0], -(p * p.log()).sum(-1))
+
+
+def test_environment_tokens_logits_get_no_gradient_through_the_trainer_path(tmp_path):
+    from streamrft.engine.algorithms import POLICY_LOSSES, policy_objective
+    from streamrft.engine.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer("abc")
+    model = build_tiny_model(tmp_path, tok, hidden_size=16, layers=1, heads=2, max_positions=32)
+    seen = {}
+
+    class Spy(torch.nn.Module):  # keeps the logits so their gradient can be read
+        def forward(self, input_ids, attention_mask):
+            out = model(input_ids=input_ids, attention_mask=attention_mask)
+            out.logits.retain_grad()
+            seen["logits"] = out.logits
+            return out
+
+    # multi-turn: model turn, environment turn (mask 0, log-prob 0.0), model turn
+    batch = collate([(_t([1, 4], [5, 6, 4, 4, 6, 2], [-1.0, -1.0, 0.0, 0.0, -1.0, -1.0], [1, 1, 0, 0, 1, 1]), 1.0, 1.0),
+                     (_t([1], [6, 5, 2], [-1.0, 0.0, -1.0], [1, 0, 1]), -1.0, 0.0)], pad_id=0)
+    logp, _ = token_logprobs(Spy(), batch)
+    loss, _ = policy_objective(logp, batch.old_logprobs, batch.advantages, batch.mask,
+                               loss_fn=POLICY_LOSSES["pg"], agg_mode="token-mean")
+    loss.backward()
+    grad = seen["logits"].grad[:, :-1]  # column t predicts token t+1, as batch.mask
+    assert batch.mask.tolist() == [[0, 1, 1, 0, 0, 1, 1], [1, 0, 1, 0, 0, 0, 0]]
+    masked = grad[batch.mask == 0]
+    assert torch.equal(masked, torch.zeros_like(masked))
+    assert (grad[batch.mask > 0].abs().sum(-1) > 0).all()  # pg: every model token has -A * grad(logp)

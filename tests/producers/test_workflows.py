@@ -382,6 +382,20 @@ def test_eval_of_a_single_turn_run_is_unchanged(tok):
     assert len(prompts) == 2 and (params.n, params.temperature) == (1, 0.0)
 
 
+def test_single_turn_eval_gives_a_reward_the_task_it_asks_for(tok, tmp_path, monkeypatch):
+    from streamrft.config import parse_config
+    from streamrft.producers.evaluate import evaluate_run
+
+    (tmp_path / "my_task_reward.py").write_text(
+        "def weighted(response, answer, *, task):\n    return task.metadata['w'] * (response == answer)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = parse_config({"model": {"path": "unused"},
+                        "stream_ops": {"rewards": [{"import_path": "my_task_reward:weighted"}]}})
+    tasks = [_task("4"), _task("4", task_id="t5")]
+    tasks[0].metadata, tasks[1].metadata = {"w": 3.0}, {"w": 1.0}
+    assert evaluate_run(ScriptedEngine(tok, lambda text: "4<eos>"), tasks, cfg) == 2.0  # (3 + 1) / 2
+
+
 # ---- end to end on the real engine ----
 
 @pytest.fixture(scope="module")

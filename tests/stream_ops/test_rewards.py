@@ -59,3 +59,25 @@ def test_registry_and_resolve():
         resolve_reward("nope")
     with pytest.raises(ValueError):
         resolve_reward(None, "no_colon_here")
+
+
+def test_reward_context_is_the_keyword_parameters_task_and_trajectory():
+    from streamrft.stream_ops.rewards import reward_context
+
+    def both(response, answer, *, trajectory, task):
+        return 0.0
+
+    def task_only(response, answer, task=None, **params):
+        return 0.0
+
+    def kwargs_only(response, answer, **params):  # **kwargs asks for nothing: the plain call
+        return 0.0
+
+    def positional_only(response, answer, task, /):
+        return 0.0
+
+    assert reward_context(both) == ("task", "trajectory")
+    assert reward_context(task_only) == ("task",)
+    assert reward_context(kwargs_only) == ()
+    assert reward_context(positional_only) == ()
+    assert all(reward_context(fn) == () for fn in REWARDS.values())  # every built-in keeps the plain call

@@ -151,3 +151,75 @@ def test_unknown_reward_is_rejected_at_config_load_and_by_the_registry():
         cfg(stream_ops={"rewards": [{"name": "nope"}]})
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
         resolve_reward("nope")
+
+
+def step_group(steps: list[tuple[str, float]]) -> RolloutGroup:
+    """A step_wise group: (episode_id, env_reward) per step, in order."""
+    task = Task(task_id="t1", prompt="guess", answer=None)
+    trajs = [Trajectory(traj_id=f"s{i}", group_id="g1", task_id="t1", model_version=0, prompt_ids=[1, 2],
+                        response_ids=[3], logprobs=[-0.1], response_text="", env_reward=r,
+                        info={"episode_id": e, "step": sum(1 for p, _ in steps[:i] if p == e)})
+             for i, (e, r) in enumerate(steps)]
+    return RolloutGroup(group_id="g1", task=task, trajectories=trajs)
+
+
+ENV = ResolvedReward("env", None)
+
+
+def test_step_wise_advantages_are_per_episode_and_broadcast_to_steps():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    # episode a (3 steps) reward 1, b (1 step) 0, c (2 steps) 0.
+    # per episode: mean 1/3, sample std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3) ->
+    # A_a = (2/3) / sqrt(1/3) = 2/sqrt(3), A_b = A_c = -(1/3) / sqrt(1/3) = -1/sqrt(3).
+    # (per step it would be mean 1/2 over 6 steps: a's 3 steps would set the baseline)
+    group = step_group([("a", 1.0), ("a", 1.0), ("b", 0.0), ("a", 1.0), ("c", 0.0), ("c", 0.0)])
+    exp = score_group(group, [ENV], ADVANTAGES["grpo"], {"eps": 0.0}, True, "abs_advantage")
+    up, down = 2 / math.sqrt(3), -1 / math.sqrt(3)
+    assert exp.rewards == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    assert exp.advantages == pytest.approx([up, up, down, up, down, down], abs=1e-6)  # grpo runs in float32
+    assert exp.priority == pytest.approx((abs(up) + 2 * abs(down)) / 3, abs=1e-6)  # over episodes, not steps
+
+
+def test_step_wise_zero_variance_filter_looks_at_episodes():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    same = step_group([("a", 1.0), ("a", 1.0), ("b", 1.0)])
+    assert score_group(same, [ENV], ADVANTAGES["grpo"], {}, True, "fifo") is None
+
+
+def test_steps_of_one_episode_that_score_differently_are_a_scoring_error():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    with pytest.raises(ScoringError, match="episode a"):
+        score_group(step_group([("a", 1.0), ("a", 0.0), ("b", 0.0)]), [ENV], ADVANTAGES["grpo"], {}, False, "fifo")
+
+
+def test_a_group_with_episode_ids_on_some_trajectories_only_is_a_scoring_error():
+    from streamrft.engine.algorithms import ADVANTAGES
+
+    group = step_group([("a", 1.0), ("b", 0.0)])
+    group.trajectories[1].info = {}
+    with pytest.raises(ScoringError, match="episode_id"):
+        score_group(group, [ENV], ADVANTAGES["grpo"], {}, False, "fifo")
+
+
+EPISODE_REWARD = '''
+def bonus(response, answer, *, task, trajectory, scale=1.0):
+    return scale * trajectory.env_reward * task.metadata["bonus"] + len(response)
+'''
+
+
+def test_a_user_reward_that_asks_for_task_and_trajectory_gets_them(tmp_path, monkeypatch):
+    (tmp_path / "my_episode_reward.py").write_text(EPISODE_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = cfg(algorithm={"advantage": {"type": "dr_grpo"}},
+            stream_ops={"rewards": [{"import_path": "my_episode_reward:bonus", "params": {"scale": 2.0}},
+                                    {"name": "exact_match"}]})
+    group = make_group(["4", "55"], env_rewards=[1.0, 0.5])
+    group.task.metadata = {"bonus": 3.0}
+    exp = build_scorer(c)(group)
+    # 2 * env_reward * 3 + len(response): 2*1*3 + 1 = 7, 2*0.5*3 + 2 = 5; exact_match 1, 0
+    assert exp.reward_components["my_episode_reward:bonus"] == [7.0, 5.0]
+    assert exp.rewards == [8.0, 5.0]
+    assert exp.advantages == pytest.approx([1.5, -1.5])

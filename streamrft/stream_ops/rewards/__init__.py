@@ -3,10 +3,21 @@
 Every reward is a pure `fn(response: str, answer: str | None, **params) -> float`, one per module.
 Add one by writing such a module and listing it here, or point a config at your own function with
 `import_path: "pkg.module:function"` (it wins over `name`).
+
+A reward that needs the whole episode names keyword parameters `task` (the `schemas.Task`: prompt,
+answer, metadata) and/or `trajectory` (the `schemas.Trajectory`: `response_text` is the whole
+transcript under `multi_turn`, plus `env_reward` and `info`, e.g. `info["turns"]`); it gets them,
+and the others do not (`reward_context`, looked up once when the term is resolved):
+
+    def solved_fast(response, answer, *, task, trajectory, per_turn=0.1):
+        if not trajectory.env_reward:
+            return 0.0
+        return 1.0 - per_turn * trajectory.info["turns"] / task.metadata.get("max_turns", 8)
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Callable
 
 from streamrft.stream_ops.rewards.exact_match import exact_match
@@ -41,4 +52,18 @@ def resolve_reward(name: str | None, import_path: str | None = None) -> RewardFn
     return REWARDS[name]
 
 
-__all__ = ["REWARDS", "RewardFn", "resolve_reward"]
+CONTEXT = ("task", "trajectory")
+"""What a reward may ask for by naming a keyword parameter (see the module docstring)."""
+
+
+def reward_context(fn: RewardFn) -> tuple[str, ...]:
+    """The names in `CONTEXT` that `fn` takes as keyword parameters; `**kwargs` alone asks for none."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: the plain call
+        return ()
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(name for name in CONTEXT if name in parameters and parameters[name].kind in keyword)
+
+
+__all__ = ["CONTEXT", "REWARDS", "RewardFn", "resolve_reward", "reward_context"]
