@@ -63,3 +63,25 @@ def stop_all(procs: dict, timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+class Countdown:
+    """A user's environment, the envs package docstring's example: say start, ..., 1, one per turn.
+    Tests load it by `import_path: "tests_helpers:Countdown"`, as a user's config would."""
+
+    def __init__(self, start: int = 3):
+        self.start = start
+
+    def reset(self, task) -> str:
+        self.next = self.start
+        return task.prompt
+
+    def step(self, action: str):
+        from streamrft.producers.envs.base import StepResult
+
+        if action.strip() != str(self.next):
+            return StepResult("wrong", 0.0, True, {"reached": self.next})
+        self.next -= 1
+        if self.next == 0:
+            return StepResult("done", 1.0, True, {})
+        return StepResult(" next:", 0.0, False, {})

@@ -206,7 +206,7 @@ def flush_or_raise(producer: CheckedProducer, timeout: float = 60.0) -> None:
     Transient failures (a broker or S3 restart under the broker) are retried within `timeout`."""
     left = producer.flush(timeout)
     if left:
-        errors = producer.last_errors() if hasattr(producer, "last_errors") else []
+        errors = producer.last_errors()
         raise DeliveryError(f"{left} records not acknowledged by the broker after {timeout}s"
                             + (f" (last errors: {'; '.join(errors)})" if errors else ""))
 

@@ -30,6 +30,11 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def _write_roles(path: Path, procs: dict[str, subprocess.Popen]) -> None:
+    """Who runs where, for people and for `kill` (rewritten when a role is restarted)."""
+    path.write_text(json.dumps({name: p.pid for name, p in procs.items()}, indent=1))
+
+
 def _stop(procs: dict[str, subprocess.Popen], timeout: float = 20.0) -> None:
     for p in procs.values():
         if p.poll() is None:
@@ -132,7 +137,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             procs[name] = _spawn(args, logs / f"{name}.log")
         restarts = dict.fromkeys(commands, 0)
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
-        (out / "roles.json").write_text(json.dumps({name: p.pid for name, p in procs.items()}, indent=1))
+        _write_roles(out / "roles.json", procs)
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
         follower.view.evals.append((0.0, 0, eval_start))
         follower.start_lag_thread()
@@ -151,7 +156,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
                 restarts[name] += 1
                 print(f"{name} exited with {p.returncode}: restart {restarts[name]} of {MAX_RESTARTS}", flush=True)
                 procs[name] = _spawn(commands[name], logs / f"{name}.log")
-                (out / "roles.json").write_text(json.dumps({n: q.pid for n, q in procs.items()}, indent=1))
+                _write_roles(out / "roles.json", procs)
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
                 print(view.line(), flush=True)

@@ -5,7 +5,8 @@ from fractions import Fraction
 
 import pytest
 
-from streamrft.producers.envs import ENVIRONMENTS, Environment, StepResult, env_factory
+from streamrft.producers.envs import ENVIRONMENTS, Environment, env_factory
+from tests_helpers import Countdown
 from streamrft.producers.envs import calculator, guess_number
 from streamrft.producers.envs.arithmetic import MAX_CHARS, ExpressionError, evaluate, render
 from streamrft.producers.envs.calculator import Calculator, find_call
@@ -173,25 +174,6 @@ def test_calculator_tasks_answers_are_right_and_in_the_alphabet():
 
 # ---- the registry and a user's own environment ----
 
-class Countdown:
-    """The module docstring's example of a user's environment."""
-
-    def __init__(self, start: int = 3):
-        self.start = start
-
-    def reset(self, task) -> str:
-        self.next = self.start
-        return task.prompt
-
-    def step(self, action: str) -> StepResult:
-        if action.strip() != str(self.next):
-            return StepResult("wrong", 0.0, True, {"reached": self.next})
-        self.next -= 1
-        if self.next == 0:
-            return StepResult("done", 1.0, True, {})
-        return StepResult(" next:", 0.0, False, {})
-
-
 def test_registry_names_build_fresh_environments_with_params():
     assert set(ENVIRONMENTS) == {"guess_number", "calculator"}
     make = env_factory("guess_number", params={"high": 20, "max_guesses": 6})
@@ -201,7 +183,7 @@ def test_registry_names_build_fresh_environments_with_params():
 
 
 def test_a_users_environment_by_import_path():
-    make = env_factory("guess_number", import_path=f"{__name__}:Countdown", params={"start": 2})
+    make = env_factory("guess_number", import_path="tests_helpers:Countdown", params={"start": 2})
     env = make()
     assert isinstance(env, Countdown) and isinstance(env, Environment)
     assert env.reset(_task("")) == "p"

@@ -327,28 +327,9 @@ def my_workflow(engine, tasks, params, *, version, team, producer_id="", chat=Fa
     return groups
 
 
-class Countdown:
-    """A user's environment (the envs package docstring's example): say start, ..., 1, one per turn."""
-
-    def __init__(self, start: int = 3):
-        self.start = start
-
-    def reset(self, task) -> str:
-        self.next = self.start
-        return task.prompt
-
-    def step(self, action: str) -> StepResult:
-        if action.strip() != str(self.next):
-            return StepResult("wrong", 0.0, True, {"reached": self.next})
-        self.next -= 1
-        if self.next == 0:
-            return StepResult("done", 1.0, True, {})
-        return StepResult(" next:", 0.0, False, {})
-
-
 def test_a_users_workflow_and_environment_by_import_path(tok):
     ex = ExplorerConfig(workflow_import_path=f"{__name__}:my_workflow", max_turns=3,
-                        env={"import_path": f"{__name__}:Countdown", "params": {"start": 2}})
+                        env={"import_path": "tests_helpers:Countdown", "params": {"start": 2}})
     eng = ScriptedEngine(tok, lambda text: ("1" if text.count(":") > 1 else "2") + "<eos>")  # " next:" was said
     (group,) = make_workflow(ex)(eng, [_task("", "count:")], SamplingParams(n=2), version=0, team=TEAM)
     check_wire([group])
