@@ -3,8 +3,7 @@
     .venv/bin/python benchmarks/kafka_clients.py [--n 20000] [--size 2048]
 
 On a private embedded stack (Tansu on SeaweedFS S3), each client produces N messages of SIZE
-bytes (acks=all; idempotent for confluent-kafka, which
-    is the only one of the two whose idempotent producer works on Tansu) to its own 4-partition topic, then
+bytes (acks=all, `make_producer`'s defaults for confluent-kafka) to its own 4-partition topic, then
 reads them all back by manual assignment from offset 0. Prints msgs/s and the ratio to
 confluent-kafka (the choice). aiokafka is what faust uses inside stream ops.
 """

@@ -3,8 +3,9 @@
 Every role except stream ops uses confluent-kafka (librdkafka). Measured here with
 `benchmarks/kafka_clients.py` (20k x 2 KB, acks=all, Tansu on S3): aiokafka produces faster
 (1.5-2.2x, it cannot be idempotent there) and consumes a little slower (0.8-0.9x). We still take
-confluent-kafka because its idempotent producer works on the embedded broker (aiokafka's fails
-InitProducerId with UnknownError), so retries never duplicate a record; its API is synchronous,
+confluent-kafka because it can be idempotent on a real cluster (`KafkaConfig.idempotence`;
+aiokafka's idempotent producer fails InitProducerId on the embedded broker, and librdkafka's loses
+acked records there when the broker is killed, so it is off by default); its API is synchronous,
 as explorers and the trainer are; and it speaks SASL/SCRAM to a real cluster. faust brings its
 own aiokafka clients, configured from the same `KafkaConfig` in `stream_ops/app.py`.
 
@@ -37,9 +38,14 @@ def client_conf(cfg: KafkaConfig) -> dict:
 
 
 def make_producer(cfg: KafkaConfig, **overrides) -> "CheckedProducer":
-    """acks=all + idempotence, behind a wrapper that checks every delivery report."""
-    conf = {**client_conf(cfg), "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+    """acks=all behind a wrapper that checks every delivery report; idempotent only where
+    `cfg.idempotence` says so (see `KafkaConfig.idempotence`: Tansu loses acked records with it)."""
+    conf = {**client_conf(cfg), "acks": "all", "linger.ms": 5,
             "message.max.bytes": 16 * 1024 * 1024, "compression.type": "none"}
+    if cfg.idempotence:
+        conf["enable.idempotence"] = True
+    else:  # at-least-once, in order: a retry never overtakes the next batch
+        conf.update({"enable.idempotence": False, "max.in.flight.requests.per.connection": 1})
     conf.update(overrides)
     return CheckedProducer(conf)
 
@@ -68,7 +74,7 @@ class CheckedProducer:
 
     Every produced record is kept until its delivery report succeeds. `flush` serves the reports
     and, until its deadline, sends again what failed for a transient reason (broker restart,
-    timeout). A fatal error (the broker fenced the idempotent producer, as Tansu does after its S3
+    timeout). A fatal error (the broker fenced an idempotent producer, as Tansu does after its S3
     store restarts) makes the broker refuse everything this producer sends from then on: the
     producer is then replaced by a new one and every unacknowledged record is sent again.
     Re-sending is at-least-once: a record acked just before a failure may arrive twice, which

@@ -51,7 +51,7 @@ def roundtrip(stack: StackConfig, kafka: KafkaConfig, s3: S3Config, keep_up: boo
             g = _sample_group(i)
             producer.produce(topic, key=g.group_id.encode(), value=encode(g))
         flush_or_raise(producer)
-        print(f"produced {n} RolloutGroups (acks=all, idempotent) in {time.monotonic() - t0:.2f}s")
+        print(f"produced {n} RolloutGroups (acks=all, delivery checked) in {time.monotonic() - t0:.2f}s")
 
         consumer = make_consumer(kafka, f"{ns}-reader")
         consumer.subscribe([topic])
