@@ -132,8 +132,8 @@ class TinyModelSpec(Section):
     max_positions: int = Field(128, ge=1)
     seed: int = Field(0, ge=0)
     alphabet: str | None = Field(None, min_length=1)
-    """The char tokenizer's characters; None = the reverse demo's. A multi-turn example sets its
-    environment's `ALPHABET` (e.g. `streamrft.producers.envs.guess_number.ALPHABET`)."""
+    """The char tokenizer's characters; None = those of `data.synthetic.task` (the reverse demo's, or
+    a shipped environment's: `streamrft.producers.envs.ALPHABETS`)."""
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyModelSpec":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -35,10 +35,12 @@ def ensure_model(cfg: RunConfig) -> str:
     if cfg.model.build is None:
         raise FileNotFoundError(f"model.path {path} holds no model and model.build is not set")
     from streamrft.engine.models import build_char_tokenizer, build_tiny_model
+    from streamrft.producers.envs import ALPHABETS
     from streamrft.producers.synthetic import ALPHABET
 
     spec = cfg.model.build
-    build_tiny_model(path, build_char_tokenizer(spec.alphabet or ALPHABET), **spec.model_dump(exclude={"alphabet"}))
+    alphabet = spec.alphabet or ALPHABETS.get((cfg.data.synthetic or {}).get("task", "reverse"), ALPHABET)
+    build_tiny_model(path, build_char_tokenizer(alphabet), **spec.model_dump(exclude={"alphabet"}))
     return str(path)
 
 
@@ -169,16 +171,21 @@ def run_offline(cfg: RunConfig, publish: bool = False) -> int:
     return 0
 
 
-def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tuple[str, str]], seed: int = 0) -> str:
-    """Run one SFT warm-up stage on (prompt, completion) pairs from `model_path`; save the model
-    and tokenizer as an HF directory at `out_dir` and return it."""
+def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tuple[str, str]] | Callable[[Any], list],
+              seed: int = 0) -> str:
+    """Run one SFT warm-up stage from `model_path`; save the model and tokenizer as an HF directory
+    at `out_dir` and return it. `pairs` are (prompt, completion) pairs, or a function of the
+    tokenizer returning token sequences with their masks (`engine.sft.Sequence`, e.g. multi-turn
+    demonstrations)."""
     from streamrft.engine.models import load_policy
-    from streamrft.engine.sft import sft_warmup
+    from streamrft.engine.sft import pair_sequence, sft_on_sequences
 
     model, tokenizer = load_policy(model_path)
+    sequences = pairs(tokenizer) if callable(pairs) else [pair_sequence(tokenizer, p, c) for p, c in pairs]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        losses = sft_warmup(model, tokenizer, pairs, steps=stage.steps, batch_size=stage.batch_size, lr=stage.lr, seed=seed)
+        losses = sft_on_sequences(model, tokenizer, sequences, steps=stage.steps, batch_size=stage.batch_size,
+                                  lr=stage.lr, seed=seed)
     log.info("sft stage: %d steps, loss %.4f -> %.4f", stage.steps, losses[0], losses[-1])
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

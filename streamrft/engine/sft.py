@@ -10,14 +10,22 @@ import random
 import torch
 
 
-def _batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded input ids, attention mask and labels (-100 outside the completion + EOS)."""
-    seqs, labels = [], []
-    for prompt, completion in pairs:
-        p = tokenizer(prompt).input_ids  # with the tokenizer's BOS, as at rollout time
-        c = tokenizer(completion, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        seqs.append(p + c)
-        labels.append([-100] * len(p) + c)
+Sequence = tuple[list[int], list[int]]
+"""Token ids and a 0/1 mask of the tokens to learn (the rest only conditions)."""
+
+
+def pair_sequence(tokenizer, prompt: str, completion: str) -> Sequence:
+    """A (prompt, completion) pair as ids: prompt with the tokenizer's BOS, as at rollout time,
+    then the completion and EOS, which alone are learned."""
+    p = tokenizer(prompt).input_ids
+    c = tokenizer(completion, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    return p + c, [0] * len(p) + [1] * len(c)
+
+
+def _batch(tokenizer, sequences: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 where the mask is 0)."""
+    seqs = [ids for ids, _ in sequences]
+    labels = [[t if m else -100 for t, m in zip(ids, mask)] for ids, mask in sequences]
     width = max(len(s) for s in seqs)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
@@ -43,6 +51,24 @@ def sft_warmup(
     """
     if not pairs:
         raise ValueError("no SFT pairs")
+    return sft_on_sequences(model, tokenizer, [pair_sequence(tokenizer, p, c) for p, c in pairs], steps,
+                            batch_size=batch_size, lr=lr, seed=seed, weight_decay=weight_decay)
+
+
+def sft_on_sequences(
+    model: torch.nn.Module,
+    tokenizer,
+    sequences: list[Sequence],
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    seed: int = 0,
+    weight_decay: float = 0.0,
+) -> list[float]:
+    """`sft_warmup` on token sequences with their masks (e.g. multi-turn demonstrations, whose
+    environment turns are masked out); returns the loss of each step."""
+    if not sequences:
+        raise ValueError("no SFT sequences")
     rng = random.Random(seed)
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -50,7 +76,7 @@ def sft_warmup(
     model.train()
     losses = []
     for _ in range(steps):
-        ids, mask, lab = (t.to(device) for t in _batch(tokenizer, rng.choices(pairs, k=batch_size)))
+        ids, mask, lab = (t.to(device) for t in _batch(tokenizer, rng.choices(sequences, k=batch_size)))
         loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -11,14 +11,24 @@ from pathlib import Path
 from streamrft.config import RunConfig, StageConfig
 
 
+_SPEC_KEYS = ("task", "train_size", "eval_size", "seed")
+EVAL_SEED_OFFSET = 10_000
+"""An environment's eval tasks are drawn with seed + this: other draws than its train tasks."""
+
+
 def _synthetic_rows(spec: dict, split: str, n: int) -> list[dict]:
+    """`n` tasks of `spec["task"]`: the reverse demo, or a shipped environment's (`envs.TASKS`),
+    called with the spec's other keys (e.g. `high: 8` for guess_number)."""
+    from streamrft.producers.envs import TASKS
     from streamrft.producers.synthetic import make_demo_tasks
 
-    task = spec.get("task", "reverse")
-    if task != "reverse":
-        raise ValueError(f"data.synthetic.task={task!r} is not one of ['reverse']")
-    lens = {k: spec[k] for k in ("min_len", "max_len", "letters") if k in spec}
-    return make_demo_tasks(n, seed=spec.get("seed", 0), split=split, **lens)
+    task, seed = spec.get("task", "reverse"), spec.get("seed", 0)
+    params = {k: v for k, v in spec.items() if k not in _SPEC_KEYS}
+    if task == "reverse":
+        return make_demo_tasks(n, seed=seed, split=split, **params)
+    if task not in TASKS:
+        raise ValueError(f"data.synthetic.task={task!r} is not one of {['reverse', *sorted(TASKS)]}")
+    return TASKS[task](n, seed=seed + (EVAL_SEED_OFFSET if split == "eval" else 0), **params)
 
 
 def prepare_data(cfg: RunConfig, out: Path) -> None:
@@ -56,6 +66,36 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
                              complete_frac=data.get("complete_frac", 1.0), **lens)
 
 
+def _stage_demonstrations(stage: StageConfig, cfg: RunConfig):
+    """A stage with `data.demos` (player weights, e.g. `{bisect: 0.1, linear: 0.9}`): a function
+    of the tokenizer giving `data.size` episodes of the explorer's environment played by scripted
+    players (`envs.PLAYERS`), on fresh tasks of the same generator as `data.synthetic`, laid out
+    token for token as the multi-turn workflows lay out the model's episodes."""
+    from streamrft.producers.envs import PLAYERS, TASKS, env_factory
+    from streamrft.producers.workflows.demonstrations import mixture
+    from streamrft.producers.workflows.episodes import TurnLimits
+    from streamrft.schemas import Task
+
+    ex, data = cfg.explorer, stage.data
+    kind = ex.env.type if ex.env is not None and not ex.env.import_path else None
+    if kind not in PLAYERS:
+        raise ValueError(f"stage data.demos needs explorer.env.type in {sorted(PLAYERS)} (its scripted players), "
+                         f"got {kind!r}")
+    spec = cfg.data.synthetic or {}
+    params = {k: v for k, v in spec.items() if k not in _SPEC_KEYS} if spec.get("task") == kind else {}
+    rows = TASKS[kind](data.get("size", 500), seed=data.get("seed", 0), **params)
+    tasks = [Task(task_id=r["task_id"], prompt=r["prompt"], answer=r["answer"]) for r in rows]
+    env = env_factory(kind, None, ex.env.params)
+    limits = TurnLimits(ex.max_turns, ex.max_total_tokens)
+
+    def sequences(tokenizer) -> list[tuple[list[int], list[int]]]:
+        demos = mixture(tokenizer, tasks, env, PLAYERS[kind], dict(data["demos"]), seed=data.get("seed", 0),
+                        limits=limits, chat=ex.chat_template)
+        return [(d.ids, d.loss_mask) for d in demos]
+
+    return sequences
+
+
 def run_stages(cfg: RunConfig, out: Path) -> None:
     from streamrft.consumers.offline import sft_stage
 
@@ -63,7 +103,8 @@ def run_stages(cfg: RunConfig, out: Path) -> None:
         dest = out / f"stage-{i}-{stage.type}"
         if not (dest / "config.json").exists():
             print(f"stage {i} ({stage.type}): {stage.steps} steps ...", flush=True)
-            sft_stage(cfg.model.path, str(dest), stage, _stage_pairs(stage, cfg), seed=cfg.trainer.seed)
+            examples = _stage_demonstrations(stage, cfg) if "demos" in stage.data else _stage_pairs(stage, cfg)
+            sft_stage(cfg.model.path, str(dest), stage, examples, seed=cfg.trainer.seed)
         cfg.model.path = str(dest)
 
 

@@ -20,6 +20,8 @@ from streamrft.engine.rollout.hf import TransformersEngine  # noqa: E402
 from streamrft.producers.envs import StepResult, calculator, env_factory, guess_number  # noqa: E402
 from streamrft.producers.workflows import (WORKFLOWS, TurnLimits, make_workflow, multi_turn,  # noqa: E402
                                            single_turn, step_wise)
+from streamrft.producers.workflows.demonstrations import demonstration, mixture  # noqa: E402
+from streamrft.producers.envs.guess_number import GuessNumber  # noqa: E402
 from streamrft.producers.workflows.turns import TurnEncoder  # noqa: E402
 from streamrft.schemas import RolloutGroup, Task, decode, encode  # noqa: E402
 from streamrft.stream_ops.validate import validate  # noqa: E402
@@ -418,3 +420,62 @@ def test_real_engine_episodes_end_to_end(engine, chat, monkeypatch):
                 if workflow is multi_turn:  # one run of mask-1 tokens per model turn
                     runs = sum(1 for i in model_pos if i == 0 or t.mask()[i - 1] == 0)
                     assert t.info["turns"] == runs and t.env_reward == sum(t.info["step_rewards"])
+
+
+# ---- warm-up demonstrations: scripted episodes in the workflow's own layout ----
+@pytest.mark.parametrize("secret", ["5", "8", "1"])
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_demonstration_is_laid_out_as_the_multi_turn_workflow_lays_out_the_models_episode(tok, chat_tok, secret, chat):
+    tokenizer = chat_tok if chat else tok
+    task = _task(secret)
+    demo = demonstration(tokenizer, task, GuessNumber(), guess_number.play_bisect, name="bisect", chat=chat)
+    # the same actions, sampled by an engine through the real workflow
+    actions = {"5": ("4", "6", "5"), "8": ("4", "6", "7", "8"), "1": ("4", "2", "1")}[secret]
+    eng = ScriptedEngine(tokenizer, guesses(*(a + "<eos>" for a in actions)))
+    (group,) = run(multi_turn, eng, [task], chat=chat)
+    (t,) = group.trajectories
+    assert demo.ids == t.prompt_ids + t.response_ids
+    assert demo.loss_mask == [0] * len(t.prompt_ids) + t.loss_mask
+    assert demo.env_reward == pytest.approx(t.env_reward)
+
+
+def test_scripted_players_rewards_over_every_secret():
+    def mean_reward(player):
+        rewards = [demonstration(build_char_tokenizer(ALPHABET), _task(str(s)), GuessNumber(), player).env_reward
+                   for s in range(1, 9)]
+        return sum(rewards) / 8
+
+    # bisect: 4 wins at once (1.0); 2, 6 on the 2nd guess (0.95); 1, 3, 5, 7 on the 3rd (0.9); 8 on the 4th (0.85)
+    assert mean_reward(guess_number.play_bisect) == pytest.approx((1 + 2 * 0.95 + 4 * 0.9 + 0.85) / 8)
+    # linear: 1, 2, 3, 4 won at guesses 1-4; 5-8 lost after 4 guesses
+    assert mean_reward(guess_number.play_linear) == pytest.approx((1 + 0.95 + 0.9 + 0.85) / 8)
+
+
+def test_tool_player_calls_the_calculator_then_copies_its_result(tok):
+    task = Task(task_id="c", prompt="17*23?", answer="391")
+    demo = demonstration(tok, task, calculator.Calculator(), calculator.play_tool)
+    eos, bos = tok.eos_token_id, tok.bos_token_id
+    assert demo.ids == [bos] + ids(tok, "17*23?") + ids(tok, "calc(17*23)") + [eos] + ids(tok, "=391\n") + ids(tok, "391") + [eos]
+    n_prompt, n_call, n_result = 1 + 6, len("calc(17*23)") + 1, len("=391\n")
+    assert demo.loss_mask == [0] * n_prompt + [1] * n_call + [0] * n_result + [1] * 4
+    assert demo.env_reward == 1.0
+    assert demonstration(tok, task, calculator.Calculator(), calculator.play_direct).ids == \
+        [bos] + ids(tok, "17*23?") + ids(tok, "391") + [eos]
+
+
+def test_a_mixture_draws_players_by_weight_and_checks_them(tok):
+    tasks = [_task(str(1 + i % 8), task_id=f"t{i}") for i in range(400)]
+    demos = mixture(tok, tasks, GuessNumber, guess_number.PLAYERS, {"linear": 0.75, "bisect": 0.25}, seed=3)
+    share = sum(d.player == "bisect" for d in demos) / len(demos)
+    assert 0.19 < share < 0.31
+    assert mixture(tok, tasks[:20], GuessNumber, guess_number.PLAYERS, {"linear": 0.75, "bisect": 0.25}, seed=3) \
+        == demos[:20]  # deterministic in the seed
+    with pytest.raises(ValueError, match=r"\['nope'\] are not among \['bisect', 'linear'\]"):
+        mixture(tok, tasks, GuessNumber, guess_number.PLAYERS, {"nope": 1.0})
+    with pytest.raises(ValueError, match="positive sum"):
+        mixture(tok, tasks, GuessNumber, guess_number.PLAYERS, {"linear": 0.0})
+
+
+def test_a_demonstration_longer_than_the_episode_budget_is_refused(tok):
+    with pytest.raises(ValueError, match="max_total_tokens=20"):
+        demonstration(tok, _task("8"), GuessNumber(), guess_number.play_linear, limits=TurnLimits(8, 20))

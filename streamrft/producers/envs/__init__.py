@@ -37,6 +37,7 @@ import functools
 from typing import Any, Callable
 
 from streamrft.producers.envs.base import Environment, StepResult
+from streamrft.producers.envs import calculator, guess_number
 from streamrft.producers.envs.calculator import Calculator
 from streamrft.producers.envs.guess_number import GuessNumber
 
@@ -46,6 +47,19 @@ ENVIRONMENTS: dict[str, type] = {
 }
 
 EnvFactory = Callable[[], Environment]
+
+Player = Callable[..., str]
+"""A scripted policy, `player(task, env, turns) -> action text`, `turns` the episode's (action,
+observation) pairs so far: what warm-up demonstrations are played with."""
+
+PLAYERS: dict[str, dict[str, Player]] = {"guess_number": guess_number.PLAYERS, "calculator": calculator.PLAYERS}
+"""Each shipped environment's scripted players, by name."""
+
+TASKS: dict[str, Callable[..., list[dict]]] = {"guess_number": guess_number.make_tasks, "calculator": calculator.make_tasks}
+"""Each shipped environment's task generator, `make_tasks(n, seed=..., **params) -> [{task_id, prompt, answer}]`."""
+
+ALPHABETS: dict[str, str] = {"guess_number": guess_number.ALPHABET, "calculator": calculator.ALPHABET}
+"""Every character each shipped environment's tasks and turns can hold (a char tokenizer's vocabulary)."""
 
 
 def env_factory(type: str | None, import_path: str | None = None, params: dict[str, Any] | None = None) -> EnvFactory:
@@ -59,4 +73,4 @@ def env_factory(type: str | None, import_path: str | None = None, params: dict[s
     return functools.partial(cls, **(params or {}))
 
 
-__all__ = ["ENVIRONMENTS", "EnvFactory", "Environment", "StepResult", "env_factory"]
+__all__ = ["ALPHABETS", "ENVIRONMENTS", "EnvFactory", "Environment", "PLAYERS", "Player", "StepResult", "TASKS", "env_factory"]

@@ -98,3 +98,20 @@ def make_tasks(n: int, seed: int = 0, max_operand: int = 99, ops: str = "+-*") -
         rows.append({"task_id": f"calc-{seed}-{len(rows)}", "prompt": f"{expression}?",
                      "answer": render(evaluate(expression))})
     return rows
+
+
+# ---- scripted players, for warm-up demonstrations (`workflows.demonstrations`) ----------------------
+def play_tool(task: Task, env: Calculator, turns: list[tuple[str, str]]) -> str:
+    """Calls the calculator on the task's expression, then copies its result."""
+    if not turns:
+        return f"{CALL}{task.prompt.rstrip('?')})"
+    return turns[-1][1].removeprefix("=").strip()
+
+
+def play_direct(task: Task, env: Calculator, turns: list[tuple[str, str]]) -> str:
+    """Answers at once with the right number, as if computed in its head: a model imitating this
+    learns the answer's look, not the arithmetic."""
+    return task.answer or ""
+
+
+PLAYERS = {"tool": play_tool, "direct": play_direct}
