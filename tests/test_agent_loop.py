@@ -1,0 +1,99 @@
+"""Agentic RL end to end on the real embedded stack: `streamrft run examples/agent_cpu.yaml` (the
+guess-the-number environment, warm-up demonstrations, explorers -> faust stream ops -> trainer ->
+S3 -> explorers) for a few steps, with the `multi_turn` and the `step_wise` workflow. Every
+trajectory is accounted for as in the single-turn loop test: each rollout group below stream ops'
+committed offsets is an experience or a zero-variance group, and the trainer's trained + stale +
+duplicate equals the trajectories below its committed offsets, with no id trained twice.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamrft.config import load_config
+from streamrft.infra.kafka import committed_offsets
+from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
+from tests_helpers import read_all, trainer_version
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT = ROOT / "examples" / "agent_cpu.yaml"
+STEPS = 4
+
+pytestmark = pytest.mark.slow
+
+
+def _overrides(stack, out: Path, workflow: str) -> list[str]:
+    return [
+        "stack.embedded=false", f"kafka.bootstrap={stack.kafka.bootstrap}", f"s3.endpoint={stack.s3.endpoint}",
+        f"s3.access_key={stack.s3.access_key}", f"s3.secret_key={stack.s3.secret_key}", f"output_dir={out}",
+        f"model.path={out / 'base'}", "model.build={hidden_size: 32, layers: 1, heads: 2, seed: 0}",
+        "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",
+        "data.synthetic={task: guess_number, train_size: 200, eval_size: 16, seed: 0}",
+        f"explorer.workflow={workflow}", "explorer.group_size=4", "explorer.tasks_per_batch=4",
+        "trainer.batch_groups=4", "trainer.max_staleness=1", f"trainer.max_steps={STEPS}",
+        "eval.every_versions=2", "eval.max_tasks=16", "max_wall_s=null",
+    ]
+
+
+@pytest.mark.parametrize("workflow", ["multi_turn", "step_wise"])
+def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workflow):
+    from streamrft.stream_ops.scoring import build_scorer
+
+    res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(AGENT), *_overrides(stack, tmp_path, workflow)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    final = [l for l in res.stdout.splitlines() if l.startswith("final:")]
+    assert len(final) == 1, res.stdout
+    assert dict(kv.split("=") for kv in final[0].removeprefix("final: ").split())["versions"] == str(STEPS)
+    run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
+    cfg = load_config(run_dir / "config.yaml")
+    ns, kafka = cfg.namespace, stack.kafka
+
+    # what the explorers produced is the workflow's shape
+    rollouts_topic = topic_name(ns, "rollouts", cfg.explorer.team)
+    produced = {(m.partition(), m.offset()): decode(m.value(), RolloutGroup) for m in read_all(kafka, rollouts_topic)}
+    trajectories = [t for g in produced.values() for t in g.trajectories]
+    assert len(produced) >= STEPS * 4
+    if workflow == "multi_turn":
+        assert all(len(g.trajectories) == 4 for g in produced.values())
+        assert any(0 in t.mask() for t in trajectories), "no environment tokens masked"
+        assert all(t.finish_reason in ("env_done", "max_turns", "length", "max_total_tokens") for t in trajectories)
+    else:  # every group: 4 episodes, each with all its steps 0..num_steps-1, every step token trained
+        for g in produced.values():
+            steps: dict[str, list[int]] = {}
+            for t in g.trajectories:
+                steps.setdefault(t.info["episode_id"], []).append(t.info["step"])
+            assert len(steps) == 4
+            assert all(s == list(range(len(s))) for s in steps.values())
+            assert all(t.info["num_steps"] == len(steps[t.info["episode_id"]]) for t in g.trajectories)
+        assert all(all(m == 1 for m in t.mask()) for t in trajectories)
+
+    # stream ops: every group below the committed offsets is an experience or a zero-variance group
+    experiences = [decode(m.value(), ExperienceGroup) for m in read_all(kafka, topic_name(ns, "experiences"))]
+    scored = {e.group_id for e in experiences}
+    committed = committed_offsets(kafka, f"{ns}.stream-ops", rollouts_topic, list(range(kafka.partitions)))
+    processed = [g for (p, o), g in produced.items() if o < committed.get(p, 0)]
+    assert processed, "stream ops committed nothing"
+    scorer = build_scorer(cfg)
+    assert all(g.group_id in scored or scorer(g) is None for g in processed)
+    assert not read_all(kafka, topic_name(ns, "dlq")), "the explorers produced something stream ops refused"
+    if workflow == "step_wise":  # every step of an episode has the episode's advantage
+        for e in experiences:
+            by_episode: dict[str, set] = {}
+            for t, a in zip(e.trajectories, e.advantages):
+                by_episode.setdefault(t.info["episode_id"], set()).add(round(a, 6))
+            assert all(len(a) == 1 for a in by_episode.values()), f"steps of one episode differ: {by_episode}"
+
+    # trainer: trained + stale + duplicate == trajectories below its committed offsets, none twice
+    state = json.loads((run_dir / "trainer" / f"v{trainer_version(run_dir / 'trainer')}" / "state.json").read_text())
+    counts = state["counts"]
+    consumed = [decode(m.value(), ExperienceGroup) for m in read_all(kafka, topic_name(ns, "experiences"))
+                if m.offset() < state["offsets"].get(f"{m.topic()}:{m.partition()}", 0)]
+    assert counts["trained"] + counts["stale"] + counts["duplicate"] == sum(len(e.trajectories) for e in consumed)
+    assert counts["trained"] > 0
+    audit = [i for f in (run_dir / "trainer" / "audit").glob("v*.json") for i in json.loads(f.read_text())]
+    assert len(audit) == len(set(audit)) == counts["trained"]
