@@ -5,6 +5,12 @@ ExperienceGroup. These three need the batch or a model: REINFORCE++ whitens over
 GAE needs a critic (trained here alongside the policy with the clipped value loss), on-policy
 distillation needs a teacher's log-probs. `make_batch_advantage(cfg, ...)` returns None when the
 stream-ops advantages are used as they are.
+
+Step-wise data (one trajectory per model turn, every step with its episode's reward): REINFORCE++
+without a KL penalty whitens each step's reward, which is the episode's, so every step of an
+episode gets the same advantage, as the group estimators give it in stream ops (an episode of k
+steps weighs k times in the batch mean and std). GAE, REINFORCE++ with a token-level KL penalty
+and on-policy distillation are per-token estimators: each step is valued on its own tokens.
 """
 from __future__ import annotations
 
