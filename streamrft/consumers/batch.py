@@ -48,14 +48,37 @@ def collate(samples: list[tuple], pad_id: int) -> Batch:
     return Batch(ids, attn, mask, old, adv, rew)
 
 
+def _first_scored_column(mask: torch.Tensor) -> int:
+    """The first column any row scores (0 when nothing is scored)."""
+    cols = mask.any(dim=0).nonzero()
+    return int(cols[0]) if len(cols) else 0
+
+
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False):
-    """Log-prob of each next token under `model` at the explorers' sampling temperature."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    """Log-prob of each next token under `model` at the explorers' sampling temperature, `[B, L-1]`.
+
+    Only the columns from the first one any row's `mask` scores are computed (a model that takes
+    `logits_to_keep`, as transformers' causal LMs do): the prompt before it gets no logits and no
+    vocabulary-wide log-softmax, which for a real model (49k tokens) is most of the cost. Columns
+    before it are 0.0 (nothing reads them: the mask is 0 there in every row).
+    """
+    width = batch.input_ids.shape[1] - 1
+    first = _first_scored_column(batch.mask)
+    try:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=width + 1 - first)
+    except TypeError as e:
+        if "logits_to_keep" not in str(e):
+            raise
+        first = 0  # a model without it: every position
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logits = out.logits[:, -(width + 1 - first):-1].float()  # the columns first .. L-2
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return logp, None
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    logp = logp_all.gather(-1, batch.input_ids[:, first + 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    if first:
+        pad = logp.new_zeros((logp.shape[0], first))
+        logp = torch.cat([pad, logp], dim=1)
+        entropy = None if entropy is None else torch.cat([pad, entropy], dim=1)
     return logp, entropy

@@ -66,3 +66,40 @@ def test_environment_tokens_logits_get_no_gradient_through_the_trainer_path(tmp_
     masked = grad[batch.mask == 0]
     assert torch.equal(masked, torch.zeros_like(masked))
     assert (grad[batch.mask > 0].abs().sum(-1) > 0).all()  # pg: every model token has -A * grad(logp)
+
+
+def test_token_logprobs_skips_the_prompt_and_equals_the_full_computation(tmp_path):
+    from streamrft.engine.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer("abcdef")
+    model = build_tiny_model(tmp_path, tok, hidden_size=16, layers=1, heads=2, max_positions=32)
+    calls = []
+
+    class Full(torch.nn.Module):  # no logits_to_keep: every position, as before
+        def forward(self, input_ids, attention_mask):
+            out = model(input_ids=input_ids, attention_mask=attention_mask)
+            calls.append(out.logits.shape[1])
+            return out
+
+    batch = collate([(_t([1, 4, 5, 6, 7], [5, 6, 2], [-1.0] * 3), 1.0, 1.0),
+                     (_t([1, 4, 5, 6], [6, 5, 4, 2], [-1.0, 0.0, -1.0, -1.0], [1, 0, 1, 1]), -1.0, 0.0)], pad_id=0)
+    first = 3  # row 1's response is predicted from column 3 on (prompt of 4 tokens)
+    assert batch.mask[:, :first].sum() == 0 and batch.mask[1, first] == 1
+    expect, expect_ent = token_logprobs(Full(), batch, temperature=0.7, with_entropy=True)
+    assert calls == [8]
+    seen = []
+    orig = model.forward
+
+    def spy(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        seen.append(out.logits.shape[1])
+        return out
+
+    model.forward = spy
+    got, got_ent = token_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    assert seen == [8 - first]  # logits for the last L - first positions only
+    assert got.shape == expect.shape == (2, 7)
+    m = batch.mask > 0
+    assert torch.allclose(got[m], expect[m], atol=1e-6) and torch.allclose(got_ent[m], expect_ent[m], atol=1e-6)
+    assert torch.allclose(got[:, first:], expect[:, first:], atol=1e-6)
+    assert torch.equal(got[:, :first], torch.zeros(2, first))
