@@ -365,6 +365,9 @@ class TrainerConfig(Section):
     """Groups (tasks) per optimiser step."""
     micro_batch_size: int = Field(16, ge=1)
     """Sequences per forward/backward; the loss is normalised by the whole step's count."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Padded tokens (sequences x the longest) per forward/backward at most; sequences are then
+    grouped longest first, so each micro-batch holds similar lengths. None: `micro_batch_size` only."""
     lr: float = Field(1e-5, gt=0, **_FINITE)
     weight_decay: float = Field(0.0, ge=0, **_FINITE)
     grad_clip: float = Field(1.0, ge=0, **_FINITE)

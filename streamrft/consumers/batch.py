@@ -25,8 +25,32 @@ class Batch:
     def slice(self, start: int, stop: int) -> "Batch":
         return Batch(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
 
+    def select(self, rows: list[int]) -> "Batch":
+        """These rows, cut to the longest of them (trailing columns that are padding in every one dropped)."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        width = int(self.attention_mask[idx].sum(1).max())
+        return Batch(self.input_ids[idx, :width], self.attention_mask[idx, :width], self.mask[idx, :width - 1],
+                     self.old_logprobs[idx, :width - 1], self.advantages[idx], self.rewards[idx])
+
     def to(self, device) -> "Batch":
         return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def micro_batches(lengths: list[int], max_seqs: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Split rows of these lengths into micro-batches of at most `max_seqs` rows and, when
+    `max_tokens` is given, at most that many padded tokens (rows x the longest row; a row longer
+    than it goes alone). With a token budget, rows are taken longest first so that each
+    micro-batch holds similar lengths and little padding; without one, in order."""
+    if max_tokens is None:
+        return [list(range(i, min(i + max_seqs, len(lengths)))) for i in range(0, len(lengths), max_seqs)]
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        # rows arrive longest first: the first row of a micro-batch is its widest
+        if out and len(out[-1]) < max_seqs and lengths[out[-1][0]] * (len(out[-1]) + 1) <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def collate(samples: list[tuple], pad_id: int) -> Batch:

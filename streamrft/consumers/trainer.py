@@ -27,7 +27,7 @@ from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
 from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories
 from streamrft.consumers.advantages import make_batch_advantage
-from streamrft.consumers.batch import Batch, collate, token_logprobs
+from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
 from streamrft.infra.kafka import flush_or_raise, make_consumer, make_producer
 from streamrft.infra.objectstore import WeightStore
 from streamrft.schemas import DeadLetter, DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
@@ -260,9 +260,12 @@ class Trainer:
             rank = self.engine.rank
             local = batch.slice(rank * per, (rank + 1) * per)
         device = next(self.model.parameters()).device
-        mb = len(local) if self.world > 1 else self.tc.micro_batch_size  # DeepSpeed: one backward per step
-        for start in range(0, len(local), mb):
-            part = local.slice(start, start + mb).to(device)
+        if self.world > 1:  # DeepSpeed: one backward per step
+            parts = [list(range(len(local)))]
+        else:
+            parts = micro_batches(local.attention_mask.sum(1).tolist(), self.tc.micro_batch_size, self.tc.micro_batch_tokens)
+        for rows in parts:
+            part = local.select(rows).to(device)
             logp, entropy = token_logprobs(self.model, part, temperature, with_entropy=self.objective.entropy_coef != 0)
             ref = None
             if self.objective.kl_fn is not None:

@@ -1,6 +1,6 @@
 import torch
 
-from streamrft.consumers.batch import collate, token_logprobs
+from streamrft.consumers.batch import collate, micro_batches, token_logprobs
 from streamrft.schemas import Trajectory
 
 
@@ -103,3 +103,19 @@ def test_token_logprobs_skips_the_prompt_and_equals_the_full_computation(tmp_pat
     assert torch.allclose(got[m], expect[m], atol=1e-6) and torch.allclose(got_ent[m], expect_ent[m], atol=1e-6)
     assert torch.allclose(got[:, first:], expect[:, first:], atol=1e-6)
     assert torch.equal(got[:, :first], torch.zeros(2, first))
+
+
+def test_micro_batches_by_count_then_by_padded_tokens():
+    assert micro_batches([5, 3, 9, 2, 7], max_seqs=2) == [[0, 1], [2, 3], [4]]
+    # longest first: 9 alone (9 * 2 > 16), then 7 (7 * 2 = 14 <= 16 takes 5), then 3 with 2 (3 * 2 <= 16)
+    assert micro_batches([5, 3, 9, 2, 7], max_seqs=4, max_tokens=16) == [[2], [4, 0], [1, 3]]
+    assert micro_batches([5, 3, 9, 2, 7], max_seqs=2, max_tokens=100) == [[2, 4], [0, 1], [3]]
+    assert micro_batches([40], max_seqs=4, max_tokens=16) == [[0]]  # too long for the budget: alone
+
+
+def test_select_keeps_rows_and_cuts_the_common_padding():
+    b = collate([(_t([1, 2, 3], [4, 5], [-0.1, -0.2]), 1.5, 1.0), (_t([6], [7], [-0.3]), -1.5, 0.0)], pad_id=0)
+    part = b.select([1])
+    assert part.input_ids.tolist() == [[6, 7]] and part.mask.tolist() == [[1.0]]
+    assert part.old_logprobs.tolist() == [[-0.30000001192092896]] and part.advantages.tolist() == [-1.5]
+    assert b.select([1, 0]).input_ids.tolist() == [[6, 7, 0, 0, 0], [1, 2, 3, 4, 5]]
