@@ -196,6 +196,7 @@ OUT_OF_RANGE = [
      "trainer.replay.from_timestamp_ms: must be >= 0 (got -1)"),
     ("trainer.batch_groups=0", "trainer.batch_groups: must be >= 1 (got 0)"),
     ("trainer.micro_batch_size=0", "trainer.micro_batch_size: must be >= 1 (got 0)"),
+    ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens: must be >= 1 (got 0)"),
     ("trainer.lr=0", "trainer.lr: must be > 0 (got 0)"),
     ("trainer.weight_decay=-0.1", "trainer.weight_decay: must be >= 0 (got -0.1)"),
     ("trainer.grad_clip=-1", "trainer.grad_clip: must be >= 0 (got -1)"),
