@@ -15,7 +15,7 @@ from streamrft.engine.models import (  # noqa: E402
 )
 from streamrft.engine.rollout import SamplingParams, make_engine  # noqa: E402
 from streamrft.engine.rollout.hf import TransformersEngine  # noqa: E402
-from streamrft.engine.sft import _batch, sft_warmup  # noqa: E402
+from streamrft.engine.sft import _batch, pair_sequence, sft_warmup  # noqa: E402
 from streamrft.producers.synthetic import ALPHABET  # noqa: E402
 
 PROMPTS = ["rev abc=", "rev hgfedc=", "rev a="]  # different lengths: exercises left padding
@@ -120,6 +120,6 @@ def test_sft_warmup_learns_completion_only(model_dir):
     losses = sft_warmup(model, tok, pairs, steps=40, batch_size=4, lr=3e-3, seed=0)
     assert len(losses) == 40 and losses[-1] < 0.5 * losses[0]
     # the prompt is masked: only completion tokens (and EOS) count towards the loss
-    ids, mask, labels = _batch(tok, [("rev ab=", "ba")])
+    ids, mask, labels = _batch(tok, [pair_sequence(tok, "rev ab=", "ba")])
     assert (labels != -100).sum().item() == 3
     assert labels[0, -3:].tolist() == tok("ba", add_special_tokens=False).input_ids + [tok.eos_token_id]
