@@ -17,8 +17,10 @@ EVAL_SEED_OFFSET = 10_000
 
 
 def _synthetic_rows(spec: dict, split: str, n: int) -> list[dict]:
-    """`n` tasks of `spec["task"]`: the reverse demo, or a shipped environment's (`envs.TASKS`),
-    called with the spec's other keys (e.g. `high: 8` for guess_number)."""
+    """`n` tasks of `spec["task"]`: the reverse demo, arithmetic for an instruct model
+    (`addition`), or a shipped environment's (`envs.TASKS`), called with the spec's other keys
+    (e.g. `high: 8` for guess_number)."""
+    from streamrft.producers import arithmetic_tasks
     from streamrft.producers.envs import TASKS
     from streamrft.producers.synthetic import make_demo_tasks
 
@@ -26,8 +28,10 @@ def _synthetic_rows(spec: dict, split: str, n: int) -> list[dict]:
     params = {k: v for k, v in spec.items() if k not in _SPEC_KEYS}
     if task == "reverse":
         return make_demo_tasks(n, seed=seed, split=split, **params)
+    if task == "addition":
+        return arithmetic_tasks.make_tasks(n, seed=seed, split=split, **params)
     if task not in TASKS:
-        raise ValueError(f"data.synthetic.task={task!r} is not one of {['reverse', *sorted(TASKS)]}")
+        raise ValueError(f"data.synthetic.task={task!r} is not one of {['reverse', 'addition', *sorted(TASKS)]}")
     return TASKS[task](n, seed=seed + (EVAL_SEED_OFFSET if split == "eval" else 0), **params)
 
 

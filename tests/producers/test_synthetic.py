@@ -51,3 +51,27 @@ def test_write_jsonl_round_trip(tmp_path):
     rows = make_demo_tasks(5, seed=1, split="eval")
     path = write_jsonl(rows, tmp_path / "sub" / "eval.jsonl")
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+
+
+def test_addition_tasks_are_right_disjoint_and_deterministic():
+    import pytest
+
+    from streamrft.producers import arithmetic_tasks
+
+    train = arithmetic_tasks.make_tasks(300, seed=1)
+    evals = arithmetic_tasks.make_tasks(50, seed=1, split="eval")
+    assert train == arithmetic_tasks.make_tasks(300, seed=1)
+    pairs = lambda rows: {r["prompt"] for r in rows}  # noqa: E731
+    assert not pairs(train) & pairs(evals)
+    for r in train[:50] + evals:
+        a, b = (int(x) for x in r["prompt"].removeprefix("What is ").split("?")[0].split(" + "))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and r["answer"] == str(a + b)
+        assert r["prompt"].endswith("? Answer with just the number.")
+    split = arithmetic_tasks.split_of(2, "*", 2)
+    (row,) = arithmetic_tasks.make_tasks(1, seed=0, split=split, ops="*", min_operand=2, max_operand=2)
+    assert row["prompt"] == "What is 2 * 2? Answer with just the number." and row["answer"] == "4"
+    other = "train" if split == "eval" else "eval"
+    with pytest.raises(ValueError, match=f"no {other} pair"):
+        arithmetic_tasks.make_tasks(1, split=other, ops="*", min_operand=2, max_operand=2)
+    with pytest.raises(ValueError, match="ops must be"):
+        arithmetic_tasks.make_tasks(1, ops="/")
