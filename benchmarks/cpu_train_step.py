@@ -5,10 +5,11 @@ full log-softmax, and float32 vs bfloat16, side by side in one run.
 
 Without `--model` it builds SmolLM2-135M-Instruct's architecture (LlamaForCausalLM, 30 layers,
 hidden 576, 9 heads / 3 kv heads, vocabulary 49,152, tied embeddings) with random weights: speed
-does not depend on the weights. For each setting it times forward + backward of the policy-gradient
-loss on BATCH sequences of PROMPT + RESPONSE tokens (median of 3 after a warm-up) and the peak RSS
-growth, and prints the ratio to the float32 full-vocabulary baseline. Also times `generate`
-(sampling RESPONSE new tokens, batch 8) in both dtypes.
+does not depend on the weights. Each setting runs in its own process: forward +
+backward of the policy-gradient loss on BATCH sequences of PROMPT + RESPONSE tokens (median of 3
+after a warm-up), its peak RSS, and the speed-up over the float32 full-vocabulary baseline; bf16
+autocast keeps float32 weights (what an optimiser needs), bf16 weights do not. Also `generate`
+(sampling RESPONSE new tokens, batch 8) with float32 and bfloat16 weights.
 """
 from __future__ import annotations
 
@@ -60,21 +61,19 @@ class FullVocab(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask)
 
 
-def step_seconds(model, batch: Batch, repeats: int = 3) -> tuple[float, float]:
+def step_seconds(model, batch: Batch, autocast: bool, repeats: int = 3) -> float:
     times = []
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        logp, _ = token_logprobs(model, batch)
-        loss = -(batch.advantages[:, None] * logp * batch.mask).sum() / batch.mask.sum()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logp, _ = token_logprobs(model, batch)
+            loss = -(batch.advantages[:, None] * logp.float() * batch.mask).sum() / batch.mask.sum()
         loss.backward()
         times.append(time.perf_counter() - t0)
-    for p in model.parameters():
-        p.grad = None
-    return statistics.median(times[1:]), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    return statistics.median(times[1:])
 
 
-def generate_tok_s(model, r: int, dtype: torch.dtype) -> float:
+def generate_tok_s(model, r: int) -> float:
     ids = torch.randint(3, 1000, (8, 48), generator=torch.Generator().manual_seed(2))
     model.eval()
     with torch.no_grad():
@@ -82,11 +81,35 @@ def generate_tok_s(model, r: int, dtype: torch.dtype) -> float:
         t0 = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r, min_new_tokens=r,
                        do_sample=True, pad_token_id=0)
-    model.train()
     return 8 * r / (time.perf_counter() - t0)
 
 
+SETTINGS = {
+    "fp32, full log-softmax": ("float32", "full", False),
+    "fp32, response only": ("float32", "response", False),
+    "bf16 autocast, response only": ("float32", "response", True),
+    "bf16 weights, response only": ("bfloat16", "response", False),
+    "generate fp32 (tok/s, batch 8)": ("float32", "generate", False),
+    "generate bf16 (tok/s, batch 8)": ("bfloat16", "generate", False),
+}
+
+
+def measure(setting: str, args) -> tuple[float, float]:
+    """In a fresh process (see main): the value and this process's peak RSS in MiB."""
+    dtype, what, autocast = SETTINGS[setting]
+    model = load(args.model, getattr(torch, dtype))
+    if what == "generate":
+        value = generate_tok_s(model, args.response)
+    else:
+        model.train()
+        batch = make_batch(args.batch, args.prompt, args.response, model.config.vocab_size)
+        value = step_seconds(FullVocab(model) if what == "full" else model, batch, autocast)
+    return value, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
+    import multiprocessing as mp
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch", type=int, default=16)
@@ -94,23 +117,17 @@ def main() -> None:
     ap.add_argument("--response", type=int, default=32)
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch} x "
-          f"({args.prompt} prompt + {args.response} response) tokens")
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        model = load(args.model, dtype)
-        model.train()
-        batch = make_batch(args.batch, args.prompt, args.response, model.config.vocab_size)
-        for name, m in (("full log-softmax", FullVocab(model)), ("response only", model)):
-            s, mem = step_seconds(m, batch)
-            rows.append((str(dtype).removeprefix("torch."), name, s, mem))
-        rows.append((str(dtype).removeprefix("torch."), "generate tok/s (batch 8)", generate_tok_s(model, args.response, dtype), 0.0))
-        del model
-    base = rows[0][2]
-    print(f"{'dtype':<10}{'what':<26}{'value':>10}{'vs fp32 full':>14}{'peak RSS +MiB':>15}")
-    for dtype, name, v, mem in rows:
-        ratio = f"{base / v:.2f}x faster" if "generate" not in name else ""
-        unit = f"{v:.2f} s" if "generate" not in name else f"{v:.1f}"
-        print(f"{dtype:<10}{name:<26}{unit:>10}{ratio:>14}{mem:>15.0f}")
+          f"({args.prompt} prompt + {args.response} response) tokens; each line in its own process")
+    ctx = mp.get_context("spawn")
+    results = {}
+    for setting in SETTINGS:
+        with ctx.Pool(1) as pool:
+            results[setting] = pool.apply(measure, (setting, args))
+    base = results["fp32, full log-softmax"][0]
+    print(f"{'setting':<34}{'value':>10}{'vs fp32 full':>14}{'peak RSS MiB':>14}")
+    for setting, (v, rss) in results.items():
+        gen = setting.startswith("generate")
+        print(f"{setting:<34}{(f'{v:.1f}' if gen else f'{v:.2f} s'):>10}{('' if gen else f'{base / v:.2f}x'):>14}{rss:>14.0f}")
 
 
 if __name__ == "__main__":
