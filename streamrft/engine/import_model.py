@@ -67,11 +67,16 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config))
     plain.load_state_dict(model.state_dict(), strict=True)
-    # generation defaults from the tokenizer: the GGUF route sets no generation config of its own
+    # transformers' GGUF tokenizer conversion (5.17) names the BOS token as EOS too and sets no pad token;
+    # the model config, read from the same GGUF metadata, has the right ids (SmolLM2: eos = pad = <|im_end|>)
+    for role in ("bos", "eos", "pad", "unk"):
+        token_id = getattr(plain.config, f"{role}_token_id", None)
+        if isinstance(token_id, int):
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(tokenizer, name)
-        if value is not None:
-            setattr(plain.generation_config, name, value)
+        setattr(plain.generation_config, name, getattr(plain.config, name, None))
+    tokenizer.clean_up_tokenization_spaces = False  # a BPE tokenizer: clean-up would strip spaces before punctuation
+    tokenizer.init_kwargs.pop("local_files_only", None)  # a load option, not the tokenizer's
     plain.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))
 
