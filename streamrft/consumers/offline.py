@@ -28,12 +28,17 @@ log = logging.getLogger(__name__)
 
 
 def ensure_model(cfg: RunConfig) -> str:
-    """`cfg.model.path`, first building the tiny char model there from `model.build` if it is missing."""
+    """`cfg.model.path`, first importing `model.source` there (`engine.import_model`) or building the
+    tiny char model from `model.build` if it holds no model."""
     path = Path(cfg.model.path)
     if (path / "config.json").exists():
         return str(path)
+    if cfg.model.source is not None:
+        from streamrft.engine.import_model import import_model
+
+        return str(import_model(cfg.model.source, path))
     if cfg.model.build is None:
-        raise FileNotFoundError(f"model.path {path} holds no model and model.build is not set")
+        raise FileNotFoundError(f"model.path {path} holds no model and neither model.source nor model.build is set")
     from streamrft.engine.models import build_char_tokenizer, build_tiny_model
     from streamrft.producers.envs import ALPHABETS
     from streamrft.producers.synthetic import ALPHABET

@@ -85,7 +85,7 @@ def build_tiny_model(
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer) from an HF directory; the model is in eval mode on `device`."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True).to(device)
     model.eval()
     return model, load_tokenizer(path)
 
@@ -100,9 +100,9 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     config_file = Path(path) / "tokenizer_config.json"
     saved_class = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.exists() else None
     if saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -1,7 +1,8 @@
 """Moving a policy's weights between a torch module and the weight store.
 
 `publish_state_dict` writes safetensors shards (tied weights stored once) and publishes them as
-one version; `fetch_state_dict` downloads a version, verifies its manifest and loads it.
+one version; `fetch_state_dict` downloads a version, verifies its manifest and loads it;
+`export_version` writes a version as a plain HF directory (`AutoModelForCausalLM.from_pretrained`).
 """
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Pa
         return load_shards(dest)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
+
+
+def export_version(store: WeightStore, model: str, version: int, base_dir: str | Path, out_dir: str | Path) -> Path:
+    """Version `version` of `model` (the store key, `RunConfig.weights_key`) as a plain HF directory:
+    `base_dir`'s config, tokenizer, chat template and generation config with the version's weights in
+    one `model.safetensors` (a tied output head stays tied through the config, as in `base_dir`)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = fetch_state_dict(store, model, version, out_dir / ".fetch")
+    shutil.rmtree(out_dir / ".fetch", ignore_errors=True)
+    for path in Path(base_dir).iterdir():
+        weights = path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json")
+        if path.is_file() and not weights:
+            shutil.copy2(path, out_dir / path.name)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir

@@ -1,4 +1,5 @@
-"""Before a run starts: synthetic data, a locally built model, warm-up stages. Idempotent.
+"""Before a run starts: synthetic data, the model (built here or imported from `model.source`), warm-up
+stages. Idempotent.
 
 Returns the config the roles will run with: `data.train/eval` pointing at the generated files and
 `model.path` at the last stage's output (the RL loop's version 0).
@@ -50,6 +51,8 @@ def prepare_data(cfg: RunConfig, out: Path) -> None:
 
 
 def prepare_model(cfg: RunConfig) -> None:
+    """`model.path` holds a model: imported once from `model.source` (a GGUF converted, ~25 s for SmolLM2)
+    or built from `model.build`."""
     from streamrft.consumers.offline import ensure_model
 
     ensure_model(cfg)

@@ -1,0 +1,27 @@
+"""`export_version`: a published weight version out of the real S3 store as a directory plain transformers loads."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from streamrft.engine.models import build_char_tokenizer, build_tiny_model, load_tokenizer  # noqa: E402
+from streamrft.engine.weights import export_version, publish_state_dict  # noqa: E402
+from streamrft.infra.objectstore import WeightStore  # noqa: E402
+
+
+def test_export_version_holds_the_versions_weights_and_the_base_tokenizer(stack, namespace, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    model = build_tiny_model(base, build_char_tokenizer("abc "), hidden_size=8, layers=1, heads=2, seed=0)
+    trained = {k: v + 1.0 for k, v in model.state_dict().items()}  # another version than the base's
+    trained["lm_head.weight"] = trained["model.embed_tokens.weight"]  # tied, as the model publishes it
+    store, key = WeightStore(stack.s3), f"{namespace}/policy"
+    publish_state_dict(store, key, 3, trained)
+    out = export_version(store, key, 3, base, tmp_path / "v3")
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".safetensors") == ["model.safetensors"]
+    exported = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
+    assert load_tokenizer(out)("ab c").input_ids == load_tokenizer(base)("ab c").input_ids
