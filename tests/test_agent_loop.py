@@ -17,7 +17,7 @@ import pytest
 from streamrft.config import load_config
 from streamrft.infra.kafka import committed_offsets
 from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
-from tests_helpers import read_all, trainer_version
+from tests_helpers import read_all, stack_overrides, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = ROOT / "examples" / "agent_cpu.yaml"
@@ -28,9 +28,7 @@ pytestmark = pytest.mark.slow
 
 def _overrides(stack, out: Path, workflow: str) -> list[str]:
     return [
-        "stack.embedded=false", f"kafka.bootstrap={stack.kafka.bootstrap}", f"s3.endpoint={stack.s3.endpoint}",
-        f"s3.access_key={stack.s3.access_key}", f"s3.secret_key={stack.s3.secret_key}", f"output_dir={out}",
-        f"model.path={out / 'base'}", "model.build={hidden_size: 32, layers: 1, heads: 2, seed: 0}",
+        *stack_overrides(stack, out),
         "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",
         "data.synthetic={task: guess_number, train_size: 200, eval_size: 16, seed: 0}",
         f"explorer.workflow={workflow}", "explorer.group_size=4", "explorer.tasks_per_batch=4",
