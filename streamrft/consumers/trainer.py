@@ -28,9 +28,10 @@ from streamrft.consumers import checkpoint
 from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories
 from streamrft.consumers.advantages import make_batch_advantage
 from streamrft.consumers.batch import Batch, collate, token_logprobs
-from streamrft.infra.kafka import flush_or_raise, make_consumer, make_producer
+from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore
-from streamrft.schemas import DeadLetter, DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
+from streamrft.schemas import (DeadLetter, DecodeError, ExperienceGroup, GroupDropped, Metric, WeightVersion, decode,
+                               encode, topic_name)
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,9 @@ class Trainer:
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
+            if not self.replay:  # where dropped groups are announced to explorers (`_dropped`)
+                admission = topic_name(ns, "admission")
+                ensure_topics(cfg.kafka, {admission: run_topics(cfg.kafka, ns)[admission]})
             self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
             self.consumer.subscribe([self.topic], on_assign=self._on_assign)
             if self.replay:
@@ -188,6 +192,15 @@ class Trainer:
                         key=msg.key(), value=msg.value() or b"")
         self.producer.produce(topic_name(self.cfg.namespace, "dlq"), key=msg.key(), value=encode(dl))
         counts.dead_lettered += 1
+        self._dropped(GroupDropped.of_record(msg.key(), msg.topic(), msg.partition(), msg.offset(), "dead_letter",
+                                             "trainer"))
+
+    def _dropped(self, drop: GroupDropped) -> None:
+        """Tell explorers' admission control that a group will never be trained (replay: no explorers).
+        Sent at once; the flush before each checkpoint makes it durable before the offsets move past it."""
+        if not self.replay:
+            self.producer.produce(topic_name(self.cfg.namespace, "admission"), key=drop.group_id.encode(),
+                                  value=encode(drop))
 
     def _check_fits_model(self, eg: ExperienceGroup) -> None:
         """Data the model cannot take becomes a dead letter instead of crashing the step."""
@@ -225,6 +238,7 @@ class Trainer:
             try:
                 eg = decode(msg.value(), ExperienceGroup)
                 self._check_fits_model(eg)
+                stale = counts.stale
                 keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen,
                                           counts, batch_ids)
             except Exception as e:  # whatever one record does, it is dead-lettered, never a crash
@@ -233,6 +247,8 @@ class Trainer:
             if keep:
                 groups += 1
                 samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
+            elif counts.stale > stale:
+                self._dropped(GroupDropped(group_id=eg.group_id, reason="stale", role="trainer"))
         self.next_offsets.update(offsets)
         self.counts.add(counts)
         return samples or None

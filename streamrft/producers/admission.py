@@ -1,36 +1,114 @@
-"""Admission control: an explorer does not start a group that would arrive too stale to train.
+"""Admission control: explorers generate nothing that would reach the trainer too stale (AReaL's rule).
 
-A group generated with weights v is trainable while the trainer's version T satisfies
-T - v <= max_staleness. The trainer consumes `batch_groups * sync_interval` groups per version, so
-across all explorers at most `(max_staleness + 1) * batch_groups * sync_interval` groups made with
-v can be trained before they turn stale. Each explorer takes the share of that quota that its
-slots are of all slots (`membership.py`), so shares follow the explorers actually present, and
-waits for a newer version once its share is spent. Pure functions, unit-tested.
+The trainer trains G = batch_groups x sync_interval groups per weight version, in about the order
+they were generated. A group made with weights v is trained at the latest at version v + S
+(S = max_staleness) if fewer than (v + S + 1) x G trainable groups were generated before it. So
+all explorers together may have generated at most `(v + S + 1) x G + dropped` groups, where
+`dropped` counts the generated groups that take no place in the trainer's order: filtered by stream
+ops (zero variance), dead-lettered, or dropped stale. The headroom left under that bound is shared
+by the explorers present in proportion to their slots (`membership.py`); with none left an explorer
+waits, so a slow trainer makes explorers wait, and a slow explorer makes the trainer wait while the
+others take the headroom it leaves.
+
+The counts are global and durable on `<ns>.admission` (`admission_log.py`): every explorer process
+publishes its ledger (groups produced and acknowledged, groups being generated now) and stream ops
+and the trainer publish one record per dropped group, so a restarted or newly joined explorer reads
+the same totals. The trainer's version is the explorer's own loaded version v (announced on the
+weights topic); the trainer publishes nothing more.
+
+Why it cannot deadlock: an explorer whose weights are older than the trainer's version T waits
+only until its watcher has loaded T. One with T that waits sees generated - dropped >= (T + S + 1)
+x G, while the trainer has trained or batched T x G + q groups (q < G in its current version); so
+at least (S + 1) x G - q >= G - q groups are still on their way to it (or dropped, and about to be
+published as such). Each of them is either trained (enough of them make version T + 1, which moves
+the bound up by G) or dropped (the bound moves up by 1): the bound moves before the trainer runs dry.
+
+Pure functions and `AdmissionView` (the fold of the topic's records), unit-tested; the I/O is in
+`admission_log.py`.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+
+from streamrft.schemas import ExplorerLedger, GroupDropped
+
+LEASE_S = 20.0
+"""A ledger's `in_flight` counts this long after its last record: a process killed mid-batch
+stops holding headroom after that (a live one republishes its ledger every `REFRESH_S`)."""
+REFRESH_S = 2.0
 
 
-def run_quota(max_staleness: int, batch_groups: int, sync_interval: int) -> int:
-    """Groups all explorers together may start with one weight version."""
-    return (max_staleness + 1) * batch_groups * sync_interval
+def groups_per_version(batch_groups: int, sync_interval: int) -> int:
+    """G: groups the trainer trains between two weight versions."""
+    return batch_groups * sync_interval
 
 
-def explorer_quota(run_total: int, slots: int, num_slots: int) -> int:
-    """One explorer's share of `run_total`: in proportion to the slots it holds, rounded up (at
-    least 1 while it holds a slot, so it never stalls on rounding); 0 without a slot."""
-    if slots <= 0:
+def run_bound(version: int, max_staleness: int, per_version: int, dropped: int) -> int:
+    """The most groups all explorers together may have generated while their weights are `version`."""
+    return (version + max_staleness + 1) * per_version + dropped
+
+
+def explorer_share(headroom: int, slots: int, num_slots: int) -> int:
+    """One explorer's part of the headroom: in proportion to its slots, rounded up (so an explorer
+    with a slot never stalls on rounding; explorers deciding at the same instant overshoot by at
+    most one group each); 0 without a slot or without headroom."""
+    if slots <= 0 or headroom <= 0:
         return 0
-    return max(1, math.ceil(run_total * slots / num_slots))
+    return math.ceil(headroom * slots / num_slots)
 
 
-def admit(engine_version: int, latest_version: int, started_with_version: int, max_staleness: int, quota: int) -> bool:
-    """May the explorer start one more group now?
+def groups_to_start(engine_version: int, latest_version: int, max_staleness: int, per_version: int,
+                    generated: int, dropped: int, slots: int, num_slots: int, batch: int) -> int:
+    """How many groups an explorer may start now (0 = wait).
 
-    engine_version: weights loaded in the engine; latest_version: newest version announced;
-    started_with_version: groups this explorer already started with `engine_version`.
+    engine_version: weights loaded in its engine; latest_version: the newest announced;
+    generated: groups all explorers generated or are generating, this one included; dropped:
+    generated groups that will never be trained; batch: the most it starts at once.
     """
     if latest_version - engine_version > max_staleness:
-        return False  # already too stale before generating: swap first
-    return started_with_version < quota
+        return 0  # already too stale before generating: load the newer weights first
+    headroom = run_bound(engine_version, max_staleness, per_version, dropped) - generated
+    return min(batch, explorer_share(headroom, slots, num_slots))
+
+
+@dataclass
+class Ledger:
+    produced: int
+    in_flight: int
+    heard_at: float  # the reader's clock when the last record came in
+
+
+@dataclass
+class AdmissionView:
+    """Everything `<ns>.admission` has said so far, folded: the other explorer processes' ledgers
+    and the ids of the dropped groups (a redelivered drop counts once). `me` is this process: its
+    own counts are known better locally than from its records."""
+
+    me: str
+    lease_s: float = LEASE_S
+    ledgers: dict[str, Ledger] = field(default_factory=dict)
+    dropped_ids: set[str] = field(default_factory=set)
+
+    def apply(self, record: ExplorerLedger | GroupDropped, now: float) -> None:
+        if isinstance(record, GroupDropped):
+            self.dropped_ids.add(record.group_id)
+        elif record.explorer_id != self.me:
+            old = self.ledgers.get(record.explorer_id)
+            # counts only grow: a record delivered twice, late, must not lower them
+            produced = max(record.produced, old.produced) if old else record.produced
+            self.ledgers[record.explorer_id] = Ledger(produced, record.in_flight, now)
+
+    @property
+    def dropped(self) -> int:
+        return len(self.dropped_ids)
+
+    def generated(self, now: float, produced: int = 0, in_flight: int = 0) -> int:
+        """Groups generated or being generated by every explorer process, this one's (`produced`,
+        `in_flight`) included; a reservation not refreshed within `lease_s` no longer counts."""
+        total = produced + in_flight
+        for ledger in self.ledgers.values():
+            total += ledger.produced
+            if now - ledger.heard_at <= self.lease_s:
+                total += ledger.in_flight
+        return total
