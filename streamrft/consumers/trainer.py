@@ -1,9 +1,11 @@
 """The trainer role: experiences in, weight versions out, exactly-once in effect.
 
 Run with `streamrft train CONFIG`. Each step takes `batch_groups` groups off the experiences
-topic, drops trajectories already trained on (id window and the batch so far) or staler than
-`max_staleness`, and applies the configured policy objective with old log-probs = the
-explorers' behaviour log-probs. A record that fails in any way becomes a dead letter.
+topic (oldest weights first across partitions, each partition in order), drops trajectories
+already trained on (id window and the batch so far) or staler than `max_staleness`, and applies
+the configured policy objective with old log-probs = the explorers' behaviour log-probs. A record
+that fails in any way becomes a dead letter. A group dropped stale or dead-lettered is announced
+on `<ns>.admission`, so explorers' admission control stops counting it (`producers/admission.py`).
 Every `sync_interval` steps, in this order: flush the dead letters, publish version N+1 to S3
 (manifest last), write the checkpoint (weights, optimiser, next offsets, id window, trained
 ids), announce on the weights topic, commit offsets (retried; the checkpoint is the authority).
@@ -35,6 +37,7 @@ from streamrft.schemas import (DeadLetter, DecodeError, ExperienceGroup, GroupDr
 
 log = logging.getLogger(__name__)
 
+PENDING_TOP_UP = 256  # fetched records below which the trainer fetches more before taking one
 COMMIT_ATTEMPTS = 6  # backoff 0.5 s doubling: ~15 s, enough for the group to be rejoined after a broker restart
 
 
@@ -124,6 +127,7 @@ class Trainer:
         self.topic = topic_name(self.replay.namespace if self.replay else ns, "experiences")
         self.replay_end: dict[str, int] | None = None
         self.pending: list = []
+        self._decoded: dict[tuple[str, int, int], ExperienceGroup | Exception] = {}  # of pending records
         self.next_offsets = dict(self.state.offsets)  # past every record of the batches trained so far
         self.position = dict(self.next_offsets)       # past every record taken off `pending`
         self.trained_since_ckpt: list[str] = []
@@ -165,6 +169,7 @@ class Trainer:
         # again from there
         assigned = {(tp.topic, tp.partition) for tp in partitions}
         self.pending = [m for m in self.pending if (m.topic(), m.partition()) not in assigned]
+        self._decoded.clear()
         for tp in partitions:
             key = f"{tp.topic}:{tp.partition}"
             if key in self.position:
@@ -216,6 +221,40 @@ class Trainer:
         if not all(math.isfinite(x) for x in (*eg.rewards, *eg.advantages)):
             raise ValueError(f"group {eg.group_id}: non-finite reward or advantage")
 
+    def _decoded_at(self, i: int) -> ExperienceGroup | Exception:
+        """pending[i] decoded, once (what decoding raised is kept: the record becomes a dead letter)."""
+        m = self.pending[i]
+        at = (m.topic(), m.partition(), m.offset())
+        if at not in self._decoded:
+            try:
+                self._decoded[at] = decode(m.value(), ExperienceGroup)
+            except Exception as e:
+                self._decoded[at] = e
+        return self._decoded[at]
+
+    def _take(self):
+        """(record, its ExperienceGroup or decoding error): of each partition's first pending record,
+        the one made with the oldest weights.
+
+        Explorers' admission control bounds staleness in the order groups were generated; fetches
+        interleave partitions in another order, and this restores it within what was fetched (a
+        partition's own records stay in order: positions and commits rely on it). A record that does
+        not decode goes first, to its dead letter.
+        """
+        heads: dict[tuple[str, int], int] = {}
+        for i, m in enumerate(self.pending):
+            heads.setdefault((m.topic(), m.partition()), i)
+
+        def age(i: int) -> tuple[int, int]:
+            eg = self._decoded_at(i)
+            return (-1 if isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)), i
+
+        i = min(heads.values(), key=age)
+        eg = self._decoded_at(i)
+        msg = self.pending.pop(i)
+        del self._decoded[(msg.topic(), msg.partition(), msg.offset())]
+        return msg, eg
+
     def collect(self) -> list[tuple] | None:
         """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped.
 
@@ -232,11 +271,14 @@ class Trainer:
             if not self.pending:
                 self._poll(0.5)
                 continue
-            msg = self.pending.pop(0)
+            if len(self.pending) < PENDING_TOP_UP:
+                self._poll(0)  # what arrived meanwhile joins the choice of the oldest (`_take`)
+            msg, eg = self._take()
             key = f"{msg.topic()}:{msg.partition()}"
             self.position[key] = offsets[key] = msg.offset() + 1
             try:
-                eg = decode(msg.value(), ExperienceGroup)
+                if isinstance(eg, Exception):
+                    raise eg
                 self._check_fits_model(eg)
                 stale = counts.stale
                 keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen,
