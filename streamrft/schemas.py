@@ -296,6 +296,7 @@ class ExplorerLedger(Message):
     explorer_id: Id = Field(description="the explorer process, unique per start")
     produced: Count = Field(description="groups it published and the broker acknowledged, since it started")
     in_flight: Count = Field(0, description="groups it is generating now (started, not published yet)")
+    in_flight_version: Count = Field(0, description="the weight version generating them")
 
 
 class GroupDropped(Message):

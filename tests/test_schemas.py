@@ -64,7 +64,8 @@ SAMPLES = {
     "dead_letter": DeadLetter(reason="bad logprobs", error_type="DecodeError", source_topic="ns.rollouts.red",
                               source_partition=1, source_offset=9, role="stream-ops", key=b"group-1",
                               value=b"\x00\xffnot msgpack"),
-    "explorer_ledger": ExplorerLedger(explorer_id="explorer-0-41-ab12cd34", produced=12, in_flight=4),
+    "explorer_ledger": ExplorerLedger(explorer_id="explorer-0-41-ab12cd34", produced=12, in_flight=4,
+                                      in_flight_version=7),
     "group_dropped": GroupDropped(group_id="group-1", reason="filtered", role="stream_ops"),
 }
 

@@ -122,7 +122,7 @@ def valid_record(rng: random.Random, kind: str) -> dict:
                             adapter_only=rng.random() < 0.5)
     elif kind == "explorer_ledger":
         msg = ExplorerLedger(explorer_id=_id(rng), produced=rng.choice([0, 7, INT64_MAX]),
-                             in_flight=rng.choice([0, 4, INT64_MAX]))
+                             in_flight=rng.choice([0, 4, INT64_MAX]), in_flight_version=rng.choice([0, 7, INT64_MAX]))
     elif kind == "group_dropped":
         msg = GroupDropped(group_id=_id(rng), reason=rng.choice(["filtered", "dead_letter", "stale"]),
                            role=rng.choice(["", "trainer", "stream_ops"]))

@@ -103,7 +103,9 @@ class MetricsFollower:
         """Committed-offset lag of the stream-ops and trainer groups (true end offsets)."""
         from streamrft.infra.status import group_lags, topic_ends
 
-        topics = topic_ends(self.kafka, self.namespace + ".")
+        # only the topics those two groups read: reading a busy topic to its true end takes long
+        topics = {**topic_ends(self.kafka, self.namespace + ".rollouts."),
+                  **topic_ends(self.kafka, self.namespace + ".experiences")}
         lag: dict[str, int] = {}
         for g in group_lags(self.kafka, topics):
             role = g.group.removeprefix(self.namespace + ".")

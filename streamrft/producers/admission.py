@@ -8,16 +8,22 @@ all explorers together may have generated at most `(v + S + 1) x G + dropped` gr
 ops (zero variance), dead-lettered, or dropped stale. The headroom left under that bound is shared
 by the explorers present in proportion to their slots (`membership.py`); with none left an explorer
 waits, so a slow trainer makes explorers wait, and a slow explorer makes the trainer wait while the
-others take the headroom it leaves.
+others take the headroom it leaves. Groups reach the trainer in the order they are finished, not
+started: while another explorer is still generating with older weights v' < v, the bound is v''s
+(its groups will be overtaken by those started now), and the trainer takes the oldest first among
+what it has fetched (`consumers/trainer.py`).
 
 The counts are global and durable on `<ns>.admission` (`admission_log.py`): every explorer process
 publishes its ledger (groups produced and acknowledged, groups being generated now) and stream ops
 and the trainer publish one record per dropped group, so a restarted or newly joined explorer reads
-the same totals. The trainer's version is the explorer's own loaded version v (announced on the
+the same totals. The topic also orders the decisions: an explorer reserves its share of the
+headroom it sees, then keeps only what the records before its reservation leave room for, so two
+explorers deciding at the same moment never both take the last group of headroom. The trainer's version is the explorer's own loaded version v (announced on the
 weights topic); the trainer publishes nothing more.
 
 Why it cannot deadlock: an explorer whose weights are older than the trainer's version T waits
-only until its watcher has loaded T. One with T that waits sees generated - dropped >= (T + S + 1)
+only until its watcher has loaded T, and a batch in flight with older weights lowers the bound only
+until it is published (or its lease lapses: the explorer died). One with T that waits sees generated - dropped >= (T + S + 1)
 x G, while the trainer has trained or batched T x G + q groups (q < G in its current version); so
 at least (S + 1) x G - q >= G - q groups are still on their way to it (or dropped, and about to be
 published as such). Each of them is either trained (enough of them make version T + 1, which moves
@@ -28,8 +34,8 @@ Pure functions and `AdmissionView` (the fold of the topic's records), unit-teste
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from streamrft.schemas import ExplorerLedger, GroupDropped
 
@@ -49,33 +55,39 @@ def run_bound(version: int, max_staleness: int, per_version: int, dropped: int) 
     return (version + max_staleness + 1) * per_version + dropped
 
 
-def explorer_share(headroom: int, slots: int, num_slots: int) -> int:
-    """One explorer's part of the headroom: in proportion to its slots, rounded up (so an explorer
-    with a slot never stalls on rounding; explorers deciding at the same instant overshoot by at
-    most one group each); 0 without a slot or without headroom."""
-    if slots <= 0 or headroom <= 0:
+def explorer_share(room: int, slots: Iterable[int], num_slots: int) -> int:
+    """One explorer's part of the headroom `room`: its units spread evenly over the slots (unit u to
+    slot floor(u x num_slots / room)), and this explorer takes those of the slots it holds.
+
+    The parts of all explorers add up to exactly `room`; a lone unit goes to the holder of slot 0.
+    """
+    if room <= 0:
         return 0
-    return math.ceil(headroom * slots / num_slots)
+    # slot s gets the units u with s <= u * num_slots / room < s + 1
+    return sum(-(-(s + 1) * room // num_slots) - -(-s * room // num_slots) for s in slots)
 
 
-def groups_to_start(engine_version: int, latest_version: int, max_staleness: int, per_version: int,
-                    generated: int, dropped: int, slots: int, num_slots: int, batch: int) -> int:
-    """How many groups an explorer may start now (0 = wait).
+def headroom(engine_version: int, latest_version: int, max_staleness: int, per_version: int, generated: int,
+             dropped: int, oldest_in_flight: int | None = None) -> int:
+    """Groups all explorers together may still start now (<= 0: none).
 
-    engine_version: weights loaded in its engine; latest_version: the newest announced;
-    generated: groups all explorers generated or are generating, this one included; dropped:
-    generated groups that will never be trained; batch: the most it starts at once.
+    engine_version: weights loaded in the deciding explorer's engine; latest_version: the newest
+    announced; generated: groups all explorers generated or are generating; dropped: generated
+    groups that will never be trained; oldest_in_flight: the oldest weights another explorer is
+    generating with now. Those groups will reach the trainer after the ones started now, so the
+    bound is theirs: a group started earlier keeps its place when later ones overtake it.
     """
     if latest_version - engine_version > max_staleness:
         return 0  # already too stale before generating: load the newer weights first
-    headroom = run_bound(engine_version, max_staleness, per_version, dropped) - generated
-    return min(batch, explorer_share(headroom, slots, num_slots))
+    version = engine_version if oldest_in_flight is None else min(engine_version, oldest_in_flight)
+    return run_bound(version, max_staleness, per_version, dropped) - generated
 
 
 @dataclass
 class Ledger:
     produced: int
     in_flight: int
+    in_flight_version: int
     heard_at: float  # the reader's clock when the last record came in
 
 
@@ -97,18 +109,21 @@ class AdmissionView:
             old = self.ledgers.get(record.explorer_id)
             # counts only grow: a record delivered twice, late, must not lower them
             produced = max(record.produced, old.produced) if old else record.produced
-            self.ledgers[record.explorer_id] = Ledger(produced, record.in_flight, now)
+            self.ledgers[record.explorer_id] = Ledger(produced, record.in_flight, record.in_flight_version, now)
 
     @property
     def dropped(self) -> int:
         return len(self.dropped_ids)
 
+    def oldest_in_flight(self, now: float) -> int | None:
+        """The oldest weight version another process is generating with now (None: none is)."""
+        return min((lg.in_flight_version for lg in self._live(now)), default=None)
+
+    def _live(self, now: float) -> list[Ledger]:
+        return [lg for lg in self.ledgers.values() if lg.in_flight and now - lg.heard_at <= self.lease_s]
+
     def generated(self, now: float, produced: int = 0, in_flight: int = 0) -> int:
         """Groups generated or being generated by every explorer process, this one's (`produced`,
         `in_flight`) included; a reservation not refreshed within `lease_s` no longer counts."""
-        total = produced + in_flight
-        for ledger in self.ledgers.values():
-            total += ledger.produced
-            if now - ledger.heard_at <= self.lease_s:
-                total += ledger.in_flight
-        return total
+        return (produced + in_flight + sum(lg.produced for lg in self.ledgers.values())
+                + sum(lg.in_flight for lg in self._live(now)))

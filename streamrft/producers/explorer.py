@@ -19,12 +19,13 @@ import signal
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
-from streamrft.producers.admission import groups_per_version, groups_to_start
+from streamrft.producers.admission import explorer_share, groups_per_version, headroom
 from streamrft.producers.admission_log import AdmissionLog
 from streamrft.producers.membership import Membership
 from streamrft.producers.tasks import load_task_file, make_task_source
@@ -102,19 +103,23 @@ class Explorer:
                     self.stop.wait(0.2)
                     continue
                 self._maybe_eval(evaluated, slots)
-                generated, dropped = self.admission.counts()
-                n = groups_to_start(self.engine.version, self.watcher.latest_announced, cfg.trainer.max_staleness,
-                                    self.per_version, generated, dropped, len(slots), self.members.num_slots,
-                                    ex.tasks_per_batch)
+                # headroom(generated, dropped, oldest_in_flight) with this engine's weights
+                room = partial(headroom, self.engine.version, self.watcher.latest_announced,
+                               cfg.trainer.max_staleness, self.per_version)
+                generated, dropped, oldest = self.admission.counts()
+                n = min(ex.tasks_per_batch, explorer_share(room(generated, dropped, oldest), slots,
+                                                           self.members.num_slots))
+                # of this share, what the records before the reservation on the admission topic leave
+                n = self.admission.reserve(n, self.engine.version, room) if n > 0 else 0
                 if n <= 0:
                     self.stats["admission_waits"] += 1
                     self.stop.wait(0.05)
                     continue
                 batch = tasks.take(n, slots, self.members.num_slots)
                 if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
+                    self.admission.end(0)
                     self.stop.wait(0.2)
                     continue
-                self.admission.begin(len(batch))
                 t0 = time.monotonic()
                 groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
                                   producer_id=self.id, chat=ex.chat_template)

@@ -1,7 +1,6 @@
 import pytest
 
-from streamrft.producers.admission import (AdmissionView, explorer_share, groups_per_version, groups_to_start,
-                                           run_bound)
+from streamrft.producers.admission import AdmissionView, explorer_share, groups_per_version, headroom, run_bound
 from streamrft.schemas import ExplorerLedger, GroupDropped
 
 
@@ -17,45 +16,52 @@ def test_run_bound_is_the_areal_rule_plus_the_groups_never_trained():
     assert run_bound(4, 0, 8, 0) == 40    # on-policy: one version's worth ahead of the trainer's 4 * 8
 
 
-def test_explorer_share_follows_the_slots_held():
-    assert explorer_share(headroom=8, slots=32, num_slots=64) == 4     # two explorers, half the slots each
-    assert explorer_share(8, 64, 64) == 8                              # alone: all of it
-    assert explorer_share(7, 32, 64) == 4                              # 3.5 rounded up
-    assert explorer_share(24, 22, 64) == 9                             # 8.25 rounded up
-    assert explorer_share(1, 1, 64) == 1                               # never 0 while a slot and headroom
-    assert explorer_share(0, 64, 64) == 0                              # no headroom
-    assert explorer_share(-3, 64, 64) == 0                             # over the bound (e.g. a late drop seen)
-    assert explorer_share(8, 0, 64) == 0                               # no slot
+def test_explorer_share_spreads_the_headroom_over_the_slots_and_the_shares_add_up_to_it():
+    first, second = range(32), range(32, 64)  # two explorers, half the slots each (range assignor)
+    assert explorer_share(room=8, slots=first, num_slots=64) == 4
+    assert explorer_share(8, range(64), 64) == 8                          # alone: all of it
+    assert explorer_share(7, first, 64) == 4                              # ceil(32 * 7 / 64) = ceil(3.5)
+    assert explorer_share(7, second, 64) == 3                             # 7 - 4: never 4 + 4
+    # three explorers (22, 21, 21 slots): ceil(22 * 24 / 64) = 9, ceil(43 * 24 / 64) - 9 = 8, 24 - 17 = 7
+    assert [explorer_share(24, r, 64) for r in (range(22), range(22, 43), range(43, 64))] == [9, 8, 7]
+    assert explorer_share(1, first, 64) == 1 and explorer_share(1, second, 64) == 0  # a lone unit: slot 0's
+    assert explorer_share(100, range(64), 64) == 100                      # more units than slots
+    assert explorer_share(0, first, 64) == 0                              # no headroom
+    assert explorer_share(-3, range(64), 64) == 0                         # over the bound (a late drop seen)
+    assert explorer_share(8, (), 64) == 0                                 # no slot
+    for room in range(40):  # whatever the headroom, the parts add up to it exactly
+        assert sum(explorer_share(room, r, 64) for r in (range(5), range(5, 40), range(40, 64))) == room
 
 
-def test_groups_to_start():
-    demo = dict(max_staleness=2, per_version=8, slots=32, num_slots=64, batch=4)
-    # the CPU demo's first batch: headroom 24, half of it is 12, one batch is 4
-    assert groups_to_start(0, 0, generated=0, dropped=0, **demo) == 4
+def test_headroom():
+    demo = dict(max_staleness=2, per_version=8)
+    assert headroom(0, 0, generated=0, dropped=0, **demo) == 24       # the CPU demo at start
     # a slow trainer: explorers at its version 5 have generated (5 + 2 + 1) * 8 = 64 groups: wait
-    assert groups_to_start(5, 5, generated=64, dropped=0, **demo) == 0
-    # three of those were filtered: headroom 3, half of it rounded up
-    assert groups_to_start(5, 5, generated=64, dropped=3, **demo) == 2
+    assert headroom(5, 5, generated=64, dropped=0, **demo) == 0
+    assert headroom(5, 5, generated=64, dropped=3, **demo) == 3       # three of them were filtered
+    assert headroom(5, 5, generated=66, dropped=0, **demo) == -2      # over (a reservation overlapped a drop)
     # the engine still holds v3 while v6 is announced: too stale before starting, load v6 first
-    assert groups_to_start(3, 6, generated=0, dropped=0, **demo) == 0
-    # older weights leave less headroom: with v4 loaded the bound is 56, not 64
-    assert groups_to_start(4, 5, generated=54, dropped=0, **demo) == 1
+    assert headroom(3, 6, generated=0, dropped=0, **demo) == 0
+    assert headroom(4, 5, generated=54, dropped=0, **demo) == 2       # older weights: the bound is 56, not 64
+    # another explorer still generates with v3: groups started now overtake its groups, so v3's bound
+    # ((3 + 2 + 1) x 8 = 48) holds, not v5's 64 (a group started earlier keeps its place)
+    assert headroom(5, 5, generated=46, dropped=0, oldest_in_flight=3, **demo) == 2
+    assert headroom(5, 5, generated=46, dropped=0, oldest_in_flight=5, **demo) == 18
     # on-policy: the trainer at v4 wants its 8 groups of v4; 36 generated so far leave 4
-    sync = dict(max_staleness=0, per_version=8, slots=64, num_slots=64, batch=8)
-    assert groups_to_start(4, 4, generated=36, dropped=0, **sync) == 4
-    assert groups_to_start(4, 4, generated=40, dropped=0, **sync) == 0
-    assert groups_to_start(4, 4, generated=40, dropped=2, **sync) == 2  # two were filtered: replace them
+    assert headroom(4, 4, 0, 8, generated=36, dropped=0) == 4
+    assert headroom(4, 4, 0, 8, generated=40, dropped=0) == 0
+    assert headroom(4, 4, 0, 8, generated=40, dropped=2) == 2         # two were filtered: replace them
 
 
-def _ledger(who: str, produced: int, in_flight: int = 0) -> ExplorerLedger:
-    return ExplorerLedger(explorer_id=who, produced=produced, in_flight=in_flight)
+def _ledger(who: str, produced: int, in_flight: int = 0, version: int = 0) -> ExplorerLedger:
+    return ExplorerLedger(explorer_id=who, produced=produced, in_flight=in_flight, in_flight_version=version)
 
 
 def test_view_adds_every_process_and_counts_each_dropped_group_once():
     view = AdmissionView(me="me", lease_s=20)
     view.apply(_ledger("a", 10), now=0)
-    view.apply(_ledger("b", 3, in_flight=4), now=0)
-    view.apply(_ledger("a", 12, in_flight=2), now=1)   # a's newer ledger replaces its older one
+    view.apply(_ledger("b", 3, in_flight=4, version=6), now=0)
+    view.apply(_ledger("a", 12, in_flight=2, version=7), now=1)   # a's newer ledger replaces its older one
     view.apply(_ledger("me", 99, in_flight=9), now=1)  # our own records: we know better locally
     for reason in ("filtered", "stale", "filtered"):   # g1 redelivered after a stream-ops restart
         view.apply(GroupDropped(group_id="g1", reason=reason), now=1)
@@ -63,13 +69,18 @@ def test_view_adds_every_process_and_counts_each_dropped_group_once():
     assert view.dropped == 2
     # 12 + 2 (a) + 3 + 4 (b) + this process's 5 produced and 1 in flight
     assert view.generated(now=2, produced=5, in_flight=1) == 27
+    assert view.oldest_in_flight(now=2) == 6
+    view.apply(_ledger("b", 7), now=3)                  # b published its batch
+    assert view.oldest_in_flight(now=3) == 7 and view.generated(now=3) == 12 + 2 + 7
 
 
 def test_view_lets_a_dead_process_reservation_lapse_but_keeps_what_it_produced():
     view = AdmissionView(me="me", lease_s=20)
-    view.apply(_ledger("killed", 8, in_flight=4), now=100)
+    view.apply(_ledger("killed", 8, in_flight=4, version=3), now=100)
     assert view.generated(now=120) == 12   # within the lease: its batch may still come
+    assert view.oldest_in_flight(now=120) == 3
     assert view.generated(now=120.5) == 8  # no refresh: killed mid-batch, its 8 groups stay counted
+    assert view.oldest_in_flight(now=120.5) is None
     view.apply(_ledger("killed", 8, in_flight=4), now=130)
     assert view.generated(now=131) == 12   # a refresh renews the lease
 
@@ -92,15 +103,18 @@ def simulate(max_staleness: int, per_version: int, versions: int, filtered: set[
     """
     queue, generated, dropped, version, trained_in_version = [], 0, 0, 0, 0
     stale = trained = 0
-    slots = [64 // explorers + (1 if e < 64 % explorers else 0) for e in range(explorers)]
+    cuts = [e * 64 // explorers for e in range(explorers + 1)]
+    slots = [range(cuts[e], cuts[e + 1]) for e in range(explorers)]
     for tick in range(max_ticks):
         if version >= versions:
             return {"ticks": tick, "stale": stale, "trained": trained, "generated": generated}
         for held in slots:
-            n = groups_to_start(version, version, max_staleness, per_version, generated, dropped, held, 64, batch)
+            n = min(batch, explorer_share(headroom(version, version, max_staleness, per_version, generated, dropped),
+                                          held, 64))
             for _ in range(min(n, explorer_rate)):
                 queue.append((generated, version))
                 generated += 1
+        assert generated - dropped <= (version + max_staleness + 1) * per_version  # AReaL's bound, exactly
         for _ in range(trainer_rate):
             if not queue:
                 break
@@ -128,3 +142,10 @@ def test_no_deadlock_and_nothing_stale_in_order(max_staleness, filtered, rates):
                    explorer_rate=rates[0], trainer_rate=rates[1])
     assert out["trained"] == 30 * 8
     assert out["stale"] == 0  # the bound is exact when groups reach the trainer in order
+
+
+@pytest.mark.parametrize("explorers", [1, 3, 5])
+def test_no_deadlock_whatever_the_number_of_explorers(explorers):
+    out = simulate(0, per_version=4, versions=20, filtered={0, 1}, period=3, explorers=explorers, batch=2,
+                   explorer_rate=1, trainer_rate=3)
+    assert out["trained"] == 20 * 4 and out["stale"] == 0
