@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
-from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories
+from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories, oldest_head
 from streamrft.consumers.advantages import make_batch_advantage
 from streamrft.consumers.batch import Batch, collate, token_logprobs
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
@@ -233,23 +233,13 @@ class Trainer:
         return self._decoded[at]
 
     def _take(self):
-        """(record, its ExperienceGroup or decoding error): of each partition's first pending record,
-        the one made with the oldest weights.
-
-        Explorers' admission control bounds staleness in the order groups were generated; fetches
-        interleave partitions in another order, and this restores it within what was fetched (a
-        partition's own records stay in order: positions and commits rely on it). A record that does
-        not decode goes first, to its dead letter.
-        """
-        heads: dict[tuple[str, int], int] = {}
-        for i, m in enumerate(self.pending):
-            heads.setdefault((m.topic(), m.partition()), i)
-
-        def age(i: int) -> tuple[int, int]:
+        """(record, its ExperienceGroup or decoding error): of the pending records, the next to train
+        on (`oldest_head`: the oldest weights first across partitions)."""
+        def version_of(i: int) -> int:
             eg = self._decoded_at(i)
-            return (-1 if isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)), i
+            return -1 if isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)
 
-        i = min(heads.values(), key=age)
+        i = oldest_head([(m.topic(), m.partition()) for m in self.pending], version_of)
         eg = self._decoded_at(i)
         msg = self.pending.pop(i)
         del self._decoded[(msg.topic(), msg.partition(), msg.offset())]

@@ -28,6 +28,7 @@ from streamrft.schemas import DecodeError, ExplorerLedger, GroupDropped, decode,
 log = logging.getLogger(__name__)
 
 Counts = tuple[int, int, "int | None"]  # (generated, dropped, oldest version in flight)
+FETCH_WAIT_MS = 20
 
 
 class AdmissionLog:
@@ -161,13 +162,15 @@ class AdmissionLog:
                     self.view.apply(record, time.monotonic())
 
     def _run(self) -> None:
-        consumer = make_consumer(self.kafka, None)
+        # a reservation waits for its record to come back: answer fetches at once (measured on the
+        # embedded broker: 16 ms to read a record back instead of 157 ms with the default 500 ms)
+        consumer = make_consumer(self.kafka, None, **{"fetch.wait.max.ms": FETCH_WAIT_MS})
         consumer.assign([TopicPartition(self.topic, 0, 0)])
         try:
             with self._lock:
                 self._publish()
             while not self._stop.is_set():
-                self._fold(consumer.consume(500, timeout=0.05))
+                self._fold(consumer.consume(500, timeout=0.01))  # consume() waits out its timeout
                 with self._lock:
                     # republished now and then until read back (catch-up) and acknowledged (a
                     # broker restart), and while a batch is in flight (the lease)

@@ -61,7 +61,7 @@ class Explorer:
         self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
-                      "generate_s": 0.0}
+                      "generate_s": 0.0, "reserve_s": 0.0, "publish_s": 0.0}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
         m = Metric.of_finite(role, self.id, self.engine.version, values)
@@ -110,7 +110,9 @@ class Explorer:
                 n = min(ex.tasks_per_batch, explorer_share(room(generated, dropped, oldest), slots,
                                                            self.members.num_slots))
                 # of this share, what the records before the reservation on the admission topic leave
+                t0 = time.monotonic()
                 n = self.admission.reserve(n, self.engine.version, room) if n > 0 else 0
+                self.stats["reserve_s"] += time.monotonic() - t0
                 if n <= 0:
                     self.stats["admission_waits"] += 1
                     self.stop.wait(0.05)
@@ -124,10 +126,12 @@ class Explorer:
                 groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
                                   producer_id=self.id, chat=ex.chat_template)
                 self.stats["generate_s"] += time.monotonic() - t0
+                t0 = time.monotonic()
                 for g in groups:
                     self.producer.produce(self.topic, key=g.group_id.encode(), value=encode(g))
                 flush_or_raise(self.producer)
                 self.admission.end(len(groups))
+                self.stats["publish_s"] += time.monotonic() - t0
                 self.stats["groups"] += len(groups)
                 self.stats["trajectories"] += sum(len(g.trajectories) for g in groups)
                 if time.monotonic() - last_metric > 5:
