@@ -8,26 +8,30 @@ all explorers together may have generated at most `(v + S + 1) x G + dropped` gr
 ops (zero variance), dead-lettered, or dropped stale. The headroom left under that bound is shared
 by the explorers present in proportion to their slots (`membership.py`); with none left an explorer
 waits, so a slow trainer makes explorers wait, and a slow explorer makes the trainer wait while the
-others take the headroom it leaves. Groups reach the trainer in the order they are finished, not
-started: while another explorer is still generating with older weights v' < v, the bound is v''s
-(its groups will be overtaken by those started now), and the trainer takes the oldest first among
-what it has fetched (`consumers/trainer.py`).
+others take the headroom it leaves. v is the explorer's loaded version (from the weights topic);
+the trainer announces nothing more than its versions and its dropped groups.
+
+Groups reach the trainer in the order they are finished, not started: while another explorer still
+generates with older weights v' < v, the bound is v''s (its groups will be overtaken by those
+started now), and the trainer takes the oldest weights first among what it fetched
+(`consumers/trainer.py`). What this cannot see is a backlog in transit: after a stream-ops restart
+its partitions catch up unevenly, newer groups can overtake older ones and those turn stale.
 
 The counts are global and durable on `<ns>.admission` (`admission_log.py`): every explorer process
 publishes its ledger (groups produced and acknowledged, groups being generated now) and stream ops
 and the trainer publish one record per dropped group, so a restarted or newly joined explorer reads
 the same totals. The topic also orders the decisions: an explorer reserves its share of the
 headroom it sees, then keeps only what the records before its reservation leave room for, so two
-explorers deciding at the same moment never both take the last group of headroom. The trainer's version is the explorer's own loaded version v (announced on the
-weights topic); the trainer publishes nothing more.
+explorers deciding at the same moment never both take the last group of headroom.
 
 Why it cannot deadlock: an explorer whose weights are older than the trainer's version T waits
 only until its watcher has loaded T, and a batch in flight with older weights lowers the bound only
-until it is published (or its lease lapses: the explorer died). One with T that waits sees generated - dropped >= (T + S + 1)
-x G, while the trainer has trained or batched T x G + q groups (q < G in its current version); so
-at least (S + 1) x G - q >= G - q groups are still on their way to it (or dropped, and about to be
-published as such). Each of them is either trained (enough of them make version T + 1, which moves
-the bound up by G) or dropped (the bound moves up by 1): the bound moves before the trainer runs dry.
+until it is published (or its lease lapses: the explorer died). One with T that waits sees
+generated - dropped >= (T + S + 1) x G, while the trainer has trained or batched T x G + q groups
+(q < G in its current version); so at least (S + 1) x G - q >= G - q groups are still on their way
+to it (or dropped, and about to be published as such). Each of them is either trained (enough of
+them make version T + 1, which moves the bound up by G) or dropped (the bound moves up by 1): the
+bound moves before the trainer runs dry.
 
 Pure functions and `AdmissionView` (the fold of the topic's records), unit-tested; the I/O is in
 `admission_log.py`.

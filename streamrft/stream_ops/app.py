@@ -43,8 +43,8 @@ import faust
 from confluent_kafka import KafkaException
 
 from streamrft.config import KafkaConfig, RunConfig
-from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, encode, rollouts_pattern,
-                               topic_name)
+from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, encode,
+                               rollouts_pattern, topic_name)
 from streamrft.stream_ops.scoring import ScoringError, build_scorer
 from streamrft.stream_ops.validate import InvalidRollout, team_of_topic, validate
 

@@ -54,7 +54,8 @@ def test_a_slow_trainer_makes_explorers_wait_instead_of_generating_stale_groups(
         else:
             assert isinstance(record, GroupDropped)
             dropped.setdefault(record.group_id, set()).add(record.reason)
-    groups = {decode(m.value(), RolloutGroup).group_id for m in read_all(stack.kafka, topic_name(ns, "rollouts", "default"))}
+    rollouts = read_all(stack.kafka, topic_name(ns, "rollouts", "default"))
+    groups = {decode(m.value(), RolloutGroup).group_id for m in rollouts}
     # every explorer stopped cleanly: its last ledger has nothing in flight and counts what it published
     assert len(ledgers) == explorers and not any(lg.in_flight for lg in ledgers.values())
     assert sum(lg.produced for lg in ledgers.values()) == len(groups)
