@@ -28,7 +28,7 @@ from streamrft.schemas import DecodeError, ExplorerLedger, GroupDropped, decode,
 log = logging.getLogger(__name__)
 
 Counts = tuple[int, int, "int | None"]  # (generated, dropped, oldest version in flight)
-FETCH_WAIT_MS = 20
+FETCH_WAIT_MS = 100
 
 
 class AdmissionLog:
@@ -162,8 +162,10 @@ class AdmissionLog:
                     self.view.apply(record, time.monotonic())
 
     def _run(self) -> None:
-        # a reservation waits for its record to come back: answer fetches at once (measured on the
-        # embedded broker: 16 ms to read a record back instead of 157 ms with the default 500 ms)
+        # a reservation waits for its record to come back. Measured on the embedded broker: 157 ms
+        # with librdkafka's default 500 ms fetch wait, 57 ms with 100, 16 ms with 20; but at 20
+        # every explorer's idle fetches kept the S3 server under it busy (73% of a core in the
+        # CPU demo, which ran slower for it)
         consumer = make_consumer(self.kafka, None, **{"fetch.wait.max.ms": FETCH_WAIT_MS})
         consumer.assign([TopicPartition(self.topic, 0, 0)])
         try:
