@@ -231,15 +231,18 @@ class EnvConfig(Section):
 class ExplorerConfig(Section):
     num_explorers: int = Field(2, ge=1)
     """Explorers `streamrft run` starts. Explorers may join and leave a run at will: task shards
-    and admission quota follow the explorers present (see `num_slots`), not this number."""
+    and shares of the admission headroom follow the explorers present (see `num_slots`), not this
+    number."""
     num_slots: int = Field(64, ge=1, le=4096)
     """Partitions of `<ns>.explorer-slots`, the unit in which the `<ns>.explorer-members` group
-    shares tasks and quota among the explorers present (more explorers than slots: some idle)."""
+    shares tasks and admission headroom among the explorers present (more explorers than slots:
+    some idle)."""
     team: str = "default"
     group_size: int = Field(8, ge=1)
     """n: trajectories per task, published together as one RolloutGroup."""
     tasks_per_batch: int = Field(4, ge=1)
-    """Tasks generated in one engine call."""
+    """Tasks generated in one engine call, at most; fewer when admission control leaves this
+    explorer less headroom (see `trainer.max_staleness`)."""
     workflow: str = "single_turn"
     """How tasks become groups (`streamrft.producers.workflows`): `single_turn`; `multi_turn` (one
     trajectory per episode in `env`, loss mask 1 only on sampled tokens); `step_wise` (one trajectory
@@ -262,9 +265,6 @@ class ExplorerConfig(Section):
     torch_threads: int = Field(1, ge=1)
     max_groups: int | None = Field(None, ge=1)
     """Stop after publishing this many groups (None = until the run ends)."""
-    admission_wait_s: float = Field(5.0, ge=0, **_FINITE)
-    """Waited this long for a new version while the current one is still fresh: start more groups
-    anyway (the trainer still needs data, e.g. after zero-variance groups were filtered)."""
 
     @field_validator("workflow")
     @classmethod
@@ -400,7 +400,10 @@ class TrainerConfig(Section):
     sync_interval: int = Field(1, ge=1)
     """Publish a weight version every this many steps."""
     max_staleness: int = Field(1, ge=0)
-    """Max (trainer version - model_version) of a trained sample; 0 = strictly on-policy."""
+    """Max (trainer version - model_version) of a trained sample; 0 = strictly on-policy. Also
+    admission control's bound: explorers with weights v wait once all of them together have
+    generated (v + max_staleness + 1) x batch_groups x sync_interval groups, not counting those
+    filtered, dead-lettered or dropped stale (`streamrft.producers.admission`)."""
     keep_versions: int = Field(3, ge=1)
     """Weight versions kept in S3 (older ones are garbage-collected)."""
     checkpoint_dir: str | None = None

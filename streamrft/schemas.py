@@ -284,6 +284,46 @@ class WeightVersion(Message):
     adapter_only: bool = False
 
 
+class ExplorerLedger(Message):
+    """One explorer process's running count of the groups it generated (admission control).
+
+    Published on `<ns>.admission`, keyed by `explorer_id`, whenever it changes and every few
+    seconds while `in_flight` is not 0: explorers add up every process's ledger to bound what all
+    of them together generated (`streamrft.producers.admission`).
+    """
+
+    kind: Literal["explorer_ledger"] = "explorer_ledger"
+    explorer_id: Id = Field(description="the explorer process, unique per start")
+    produced: Count = Field(description="groups it published and the broker acknowledged, since it started")
+    in_flight: Count = Field(0, description="groups it is generating now (started, not published yet)")
+    in_flight_version: Count = Field(0, description="the weight version generating them")
+
+
+class GroupDropped(Message):
+    """A generated group that will never be trained: filtered (zero variance), dead-lettered, or
+    stale. Published on `<ns>.admission` by stream ops and the trainer, keyed by `group_id`;
+    explorers count each `group_id` once (redeliveries publish it again)."""
+
+    kind: Literal["group_dropped"] = "group_dropped"
+    group_id: Id = Field(description="the group's id (its record key); for a record unreadable as a group, "
+                                     "<topic>:<partition>:<offset>")
+    reason: Literal["filtered", "dead_letter", "stale"]
+    role: Name = ""
+
+    @classmethod
+    def of_record(cls, key: bytes | None, topic: str, partition: int, offset: int, reason: str,
+                  role: str) -> "GroupDropped":
+        """The drop of a record whose content may be unreadable: rollouts and experiences records
+        are keyed by their group_id; a record without a usable key is named by its place."""
+        try:
+            group_id = key.decode("utf-8") if key else ""
+        except UnicodeDecodeError:
+            group_id = ""
+        if not 0 < len(group_id) <= 256:
+            group_id = f"{topic}:{partition}:{offset}"[-256:]
+        return cls(group_id=group_id, reason=reason, role=role)
+
+
 class Metric(Message):
     """A batch of scalar metrics from one role at one step."""
 
@@ -323,17 +363,19 @@ class DeadLetter(Message):
 
 MESSAGES: dict[str, type[Message]] = {
     m.model_fields["kind"].default: m
-    for m in (Task, Trajectory, RolloutGroup, ExperienceGroup, WeightVersion, Metric, DeadLetter)
+    for m in (Task, Trajectory, RolloutGroup, ExperienceGroup, WeightVersion, Metric, DeadLetter, ExplorerLedger,
+              GroupDropped)
 }
 
-# topic role -> message type; the full name is f"{namespace}.{role}" (rollouts: ".<team>")
-TOPICS: dict[str, type[Message]] = {
+# topic role -> message type(s); the full name is f"{namespace}.{role}" (rollouts: ".<team>")
+TOPICS: dict[str, type[Message] | tuple[type[Message], ...]] = {
     "tasks": Task,
     "rollouts": RolloutGroup,
     "experiences": ExperienceGroup,
     "weights": WeightVersion,
     "metrics": Metric,
     "dlq": DeadLetter,
+    "admission": (ExplorerLedger, GroupDropped),
 }
 
 

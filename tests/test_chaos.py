@@ -114,7 +114,7 @@ def test_kill_every_role_and_both_servers_loses_nothing_and_trains_nothing_twice
     es, kafka = private_stack.embedded, private_stack.kafka
     cfg = load_config(DEMO, demo_overrides(private_stack, tmp_path, [
         f"trainer.max_steps={MAX_STEPS}", "trainer.keep_versions=1000", "eval.every_versions=0",
-        f"namespace=chaos-{SEED}-{os.getpid()}", "explorer.num_explorers=2", "explorer.admission_wait_s=2"]))
+        f"namespace=chaos-{SEED}-{os.getpid()}", "explorer.num_explorers=2"]))
     cfg = prepare(cfg)
     config = tmp_path / "config.yaml"
     config.write_text(dump_config(cfg))

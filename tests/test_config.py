@@ -176,7 +176,6 @@ OUT_OF_RANGE = [
     ("explorer.tasks_per_batch=0", "explorer.tasks_per_batch: must be >= 1 (got 0)"),
     ("explorer.torch_threads=0", "explorer.torch_threads: must be >= 1 (got 0)"),
     ("explorer.max_groups=0", "explorer.max_groups: must be >= 1 (got 0)"),
-    ("explorer.admission_wait_s=-1", "explorer.admission_wait_s: must be >= 0 (got -1)"),
     ("explorer.max_turns=0", "explorer.max_turns: must be >= 1 (got 0)"),
     ("explorer.max_total_tokens=1", "explorer.max_total_tokens: must be >= 2 (got 1)"),
     ("explorer.engine.max_batch=0", "explorer.engine.max_batch: must be >= 1 (got 0)"),
@@ -255,7 +254,7 @@ def test_every_number_in_the_tree_has_a_range_tested():
     "trainer.sync_interval=1", "trainer.max_staleness=0", "trainer.keep_versions=1", "trainer.grad_clip=0",
     "explorer.sampling.temperature=0", "explorer.sampling.top_p=1", "explorer.sampling.top_k=0",
     "explorer.engine.gpu_memory_utilization=1", "stack.kafka_port=65535", "stack.weed_port_base=65527",
-    "kafka.retention_ms=-1", "kafka.retention_ms=1", "eval.every_versions=0", "explorer.admission_wait_s=0",
+    "kafka.retention_ms=-1", "kafka.retention_ms=1", "eval.every_versions=0",
     "algorithm.entropy_coef=-0.01", "stream_ops.rewards=[{name: reverse, weight: -1}]",
     "explorer.max_turns=1", "explorer.max_total_tokens=2",
 ])

@@ -17,6 +17,8 @@ from streamrft.schemas import (
     DeadLetter,
     DecodeError,
     ExperienceGroup,
+    ExplorerLedger,
+    GroupDropped,
     Metric,
     RolloutGroup,
     Task,
@@ -62,6 +64,9 @@ SAMPLES = {
     "dead_letter": DeadLetter(reason="bad logprobs", error_type="DecodeError", source_topic="ns.rollouts.red",
                               source_partition=1, source_offset=9, role="stream-ops", key=b"group-1",
                               value=b"\x00\xffnot msgpack"),
+    "explorer_ledger": ExplorerLedger(explorer_id="explorer-0-41-ab12cd34", produced=12, in_flight=4,
+                                      in_flight_version=7),
+    "group_dropped": GroupDropped(group_id="group-1", reason="filtered", role="stream_ops"),
 }
 
 
@@ -191,9 +196,17 @@ def test_topic_name():
     assert topic_name("run1", "rollouts", "red") == "run1.rollouts.red"
     assert topic_name("run1", "rollouts") == "run1.rollouts.default"
     assert {topic_name("ns", role) for role in TOPICS} == {
-        "ns.tasks", "ns.rollouts.default", "ns.experiences", "ns.weights", "ns.metrics", "ns.dlq"}
+        "ns.tasks", "ns.rollouts.default", "ns.experiences", "ns.weights", "ns.metrics", "ns.dlq", "ns.admission"}
     with pytest.raises(ValueError, match="rollout"):
         topic_name("run1", "rollout")
+
+
+def test_a_dropped_record_is_named_by_its_key_or_else_by_its_place():
+    def name(key):
+        return GroupDropped.of_record(key, "ns.rollouts.red", 2, 17, "dead_letter", "trainer").group_id
+
+    assert name(b"group-1") == "group-1"  # rollouts and experiences records are keyed by group_id
+    assert name(None) == name(b"") == name(b"\xff\xfe") == name(b"k" * 257) == "ns.rollouts.red:2:17"
 
 
 def test_rollouts_pattern():

@@ -20,8 +20,8 @@ from collections import Counter
 import jsonschema
 import msgpack
 
-from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, Metric, RolloutGroup, Task,
-                               Trajectory, WeightVersion, decode, encode, json_schema)
+from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, GroupDropped,
+                               Metric, RolloutGroup, Task, Trajectory, WeightVersion, decode, encode, json_schema)
 
 # rules only the decoder can check; each maps to why a JSON Schema cannot state it
 DECODER_ONLY = {
@@ -120,6 +120,12 @@ def valid_record(rng: random.Random, kind: str) -> dict:
         msg = WeightVersion(model=_id(rng), version=rng.choice([0, 7, INT64_MAX]), bucket="weights", prefix="p/v7/",
                             manifest_sha256=rng.choice(["", "0123456789abcdef" * 4]), step=rng.choice([0, 7]),
                             adapter_only=rng.random() < 0.5)
+    elif kind == "explorer_ledger":
+        msg = ExplorerLedger(explorer_id=_id(rng), produced=rng.choice([0, 7, INT64_MAX]),
+                             in_flight=rng.choice([0, 4, INT64_MAX]), in_flight_version=rng.choice([0, 7, INT64_MAX]))
+    elif kind == "group_dropped":
+        msg = GroupDropped(group_id=_id(rng), reason=rng.choice(["filtered", "dead_letter", "stale"]),
+                           role=rng.choice(["", "trainer", "stream_ops"]))
     else:
         msg = Metric(role="trainer", role_id=_id(rng), step=rng.choice([0, INT64_MAX]),
                      values={_id(rng)[:8]: _float(rng) for _ in range(rng.randrange(4))})

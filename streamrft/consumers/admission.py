@@ -1,4 +1,4 @@
-"""Which delivered trajectories the trainer may train on: never twice, never too stale.
+"""Which delivered trajectories the trainer may train on: never twice, never too stale; which first.
 
 `SeenWindow` remembers the ids already trained on, with their model version; ids older than
 `version - max_staleness` can be forgotten because the staleness rule drops them anyway: the
@@ -10,6 +10,7 @@ being assembled (not trained yet, so not in the window) are checked too. Pure, u
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Hashable
 
 
 def staleness(trainer_version: int, model_version: int) -> int:
@@ -72,3 +73,17 @@ def admit_trajectories(trajs, trainer_version: int, max_staleness: int | None, s
             keep.append(i)
             batch_ids.add(t.traj_id)
     return keep
+
+
+def oldest_head(partitions: list[Hashable], version_of: Callable[[int], int]) -> int:
+    """Index of the fetched record to consume next: of each partition's first one, the one made with
+    the oldest weights (`version_of(i)`, -1 for a record that does not decode; ties: fetched first).
+
+    Explorers' admission control bounds staleness in the order groups were generated, and fetches
+    interleave partitions in another order; a partition's own records stay in order (positions and
+    commits rely on it). `partitions[i]` is record i's partition, in fetch order.
+    """
+    heads: dict[Hashable, int] = {}
+    for i, part in enumerate(partitions):
+        heads.setdefault(part, i)
+    return min(heads.values(), key=lambda i: (version_of(i), i))

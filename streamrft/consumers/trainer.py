@@ -1,9 +1,11 @@
 """The trainer role: experiences in, weight versions out, exactly-once in effect.
 
 Run with `streamrft train CONFIG`. Each step takes `batch_groups` groups off the experiences
-topic, drops trajectories already trained on (id window and the batch so far) or staler than
-`max_staleness`, and applies the configured policy objective with old log-probs = the
-explorers' behaviour log-probs. A record that fails in any way becomes a dead letter.
+topic (oldest weights first across partitions, each partition in order), drops trajectories
+already trained on (id window and the batch so far) or staler than `max_staleness`, and applies
+the configured policy objective with old log-probs = the explorers' behaviour log-probs. A record
+that fails in any way becomes a dead letter. A group dropped stale or dead-lettered is announced
+on `<ns>.admission`, so explorers' admission control stops counting it (`producers/admission.py`).
 Every `sync_interval` steps, in this order: flush the dead letters, publish version N+1 to S3
 (manifest last), write the checkpoint (weights, optimiser, next offsets, id window, trained
 ids), announce on the weights topic, commit offsets (retried; the checkpoint is the authority).
@@ -25,15 +27,17 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
-from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories
+from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories, oldest_head
 from streamrft.consumers.advantages import make_batch_advantage
 from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
-from streamrft.infra.kafka import flush_or_raise, make_consumer, make_producer
+from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore
-from streamrft.schemas import DeadLetter, DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
+from streamrft.schemas import (DeadLetter, DecodeError, ExperienceGroup, GroupDropped, Metric, WeightVersion, decode,
+                               encode, topic_name)
 
 log = logging.getLogger(__name__)
 
+PENDING_TOP_UP = 256  # fetched records below which the trainer fetches more before taking one
 COMMIT_ATTEMPTS = 6  # backoff 0.5 s doubling: ~15 s, enough for the group to be rejoined after a broker restart
 
 
@@ -123,12 +127,16 @@ class Trainer:
         self.topic = topic_name(self.replay.namespace if self.replay else ns, "experiences")
         self.replay_end: dict[str, int] | None = None
         self.pending: list = []
+        self._decoded: dict[tuple[str, int, int], ExperienceGroup | Exception] = {}  # of pending records
         self.next_offsets = dict(self.state.offsets)  # past every record of the batches trained so far
         self.position = dict(self.next_offsets)       # past every record taken off `pending`
         self.trained_since_ckpt: list[str] = []
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
+            if not self.replay:  # where dropped groups are announced to explorers (`_dropped`)
+                admission = topic_name(ns, "admission")
+                ensure_topics(cfg.kafka, {admission: run_topics(cfg.kafka, ns)[admission]})
             self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
             self.consumer.subscribe([self.topic], on_assign=self._on_assign)
             if self.replay:
@@ -161,6 +169,7 @@ class Trainer:
         # again from there
         assigned = {(tp.topic, tp.partition) for tp in partitions}
         self.pending = [m for m in self.pending if (m.topic(), m.partition()) not in assigned]
+        self._decoded.clear()
         for tp in partitions:
             key = f"{tp.topic}:{tp.partition}"
             if key in self.position:
@@ -188,6 +197,15 @@ class Trainer:
                         key=msg.key(), value=msg.value() or b"")
         self.producer.produce(topic_name(self.cfg.namespace, "dlq"), key=msg.key(), value=encode(dl))
         counts.dead_lettered += 1
+        self._dropped(GroupDropped.of_record(msg.key(), msg.topic(), msg.partition(), msg.offset(), "dead_letter",
+                                             "trainer"))
+
+    def _dropped(self, drop: GroupDropped) -> None:
+        """Tell explorers' admission control that a group will never be trained (replay: no explorers).
+        Sent at once; the flush before each checkpoint makes it durable before the offsets move past it."""
+        if not self.replay:
+            self.producer.produce(topic_name(self.cfg.namespace, "admission"), key=drop.group_id.encode(),
+                                  value=encode(drop))
 
     def _check_fits_model(self, eg: ExperienceGroup) -> None:
         """Data the model cannot take becomes a dead letter instead of crashing the step."""
@@ -202,6 +220,30 @@ class Trainer:
                                  f"> the model's {max_len} positions")
         if not all(math.isfinite(x) for x in (*eg.rewards, *eg.advantages)):
             raise ValueError(f"group {eg.group_id}: non-finite reward or advantage")
+
+    def _decoded_at(self, i: int) -> ExperienceGroup | Exception:
+        """pending[i] decoded, once (what decoding raised is kept: the record becomes a dead letter)."""
+        m = self.pending[i]
+        at = (m.topic(), m.partition(), m.offset())
+        if at not in self._decoded:
+            try:
+                self._decoded[at] = decode(m.value(), ExperienceGroup)
+            except Exception as e:
+                self._decoded[at] = e
+        return self._decoded[at]
+
+    def _take(self):
+        """(record, its ExperienceGroup or decoding error): of the pending records, the next to train
+        on (`oldest_head`: the oldest weights first across partitions)."""
+        def version_of(i: int) -> int:
+            eg = self._decoded_at(i)
+            return -1 if isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)
+
+        i = oldest_head([(m.topic(), m.partition()) for m in self.pending], version_of)
+        eg = self._decoded_at(i)
+        msg = self.pending.pop(i)
+        del self._decoded[(msg.topic(), msg.partition(), msg.offset())]
+        return msg, eg
 
     def collect(self) -> list[tuple] | None:
         """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped.
@@ -219,12 +261,16 @@ class Trainer:
             if not self.pending:
                 self._poll(0.5)
                 continue
-            msg = self.pending.pop(0)
+            if len(self.pending) < PENDING_TOP_UP:
+                self._poll(0)  # what arrived meanwhile joins the choice of the oldest (`_take`)
+            msg, eg = self._take()
             key = f"{msg.topic()}:{msg.partition()}"
             self.position[key] = offsets[key] = msg.offset() + 1
             try:
-                eg = decode(msg.value(), ExperienceGroup)
+                if isinstance(eg, Exception):
+                    raise eg
                 self._check_fits_model(eg)
+                stale = counts.stale
                 keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen,
                                           counts, batch_ids)
             except Exception as e:  # whatever one record does, it is dead-lettered, never a crash
@@ -233,6 +279,8 @@ class Trainer:
             if keep:
                 groups += 1
                 samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
+            elif counts.stale > stale:
+                self._dropped(GroupDropped(group_id=eg.group_id, reason="stale", role="trainer"))
         self.next_offsets.update(offsets)
         self.counts.add(counts)
         return samples or None

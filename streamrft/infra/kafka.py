@@ -226,6 +226,10 @@ def run_topics(cfg: KafkaConfig, namespace: str, teams: list[str] | tuple[str, .
         topic_name(namespace, "weights"): (1, {"cleanup.policy": "compact"}),
         topic_name(namespace, "metrics"): (1, keep),
         topic_name(namespace, "dlq"): (1, keep),
+        # explorers read it whole from the start (one partition: reading back their own first
+        # record proves they have read everything before it); compaction keeps the newest ledger
+        # of each explorer process and one record per dropped group
+        topic_name(namespace, "admission"): (1, {"cleanup.policy": "compact"}),
     }
     for team in teams:
         specs[topic_name(namespace, "rollouts", team)] = (cfg.partitions, keep)

@@ -14,6 +14,12 @@ from streamrft.schemas import DecodeError, Metric, decode, topic_name
 log = logging.getLogger(__name__)
 
 
+def stale_pct(trained: int, stale: int) -> float:
+    """Of the trajectories the trainer took (duplicates aside), the percentage dropped as too stale:
+    generated in vain."""
+    return 100.0 * stale / (trained + stale) if trained + stale else 0.0
+
+
 @dataclass
 class RunView:
     t0: float = field(default_factory=time.time)  # wall clock; metrics are placed by their created_at
@@ -31,8 +37,11 @@ class RunView:
         ev = f"{self.evals[-1][2]:.3f}@v{self.evals[-1][1]}" if self.evals else "-"
         return (f"[{time.time() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
                 f"eval {ev:>11}  train_reward {t.get('reward_mean', float('nan')):.3f}  "
-                f"staleness {t.get('staleness_mean', float('nan')):.2f}  lag {self._lag()}  "
+                f"staleness {t.get('staleness_mean', float('nan')):.2f} (stale {self._stale_pct():.0f}%)  lag {self._lag()}  "
                 f"trajectories {int(traj)} ({rate:.1f}/s)")
+
+    def _stale_pct(self) -> float:
+        return stale_pct(int(self.trainer.get("count_trained", 0)), int(self.trainer.get("count_stale", 0)))
 
     def _lag(self) -> str:
         if not self.lag:
@@ -94,7 +103,9 @@ class MetricsFollower:
         """Committed-offset lag of the stream-ops and trainer groups (true end offsets)."""
         from streamrft.infra.status import group_lags, topic_ends
 
-        topics = topic_ends(self.kafka, self.namespace + ".")
+        # only the topics those two groups read: reading a busy topic to its true end takes long
+        topics = {**topic_ends(self.kafka, self.namespace + ".rollouts."),
+                  **topic_ends(self.kafka, self.namespace + ".experiences")}
         lag: dict[str, int] = {}
         for g in group_lags(self.kafka, topics):
             role = g.group.removeprefix(self.namespace + ".")

@@ -184,6 +184,10 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = int(sum(e.get("trajectories", 0) for e in view.explorers.values()))
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
+    from streamrft.launch.progress import stale_pct
+
+    trained, stale = int(view.trainer.get("count_trained", 0)), int(view.trainer.get("count_stale", 0))
     print(f"final: eval_reward_start={eval_start:.3f} eval_reward_end={eval_end:.3f} versions={version} "
-          f"trajectories={trajectories} wall_s={time.monotonic() - t_start:.0f}", flush=True)
+          f"trajectories={trajectories} trained={trained} stale={stale} stale_pct={stale_pct(trained, stale):.1f} "
+          f"wall_s={time.monotonic() - t_start:.0f}", flush=True)
     return 0

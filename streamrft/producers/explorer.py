@@ -3,12 +3,13 @@
 Run one with `streamrft explore CONFIG --index I`, at any time, as many as you like;
 `streamrft run` starts `explorer.num_explorers` of them. The index names the explorer (its id,
 logs, shuffle seed). Explorers present share the run's slots (`membership.py`): each takes the
-file tasks of its slots and that share of the admission quota, and the shares move when one joins
-or leaves. Each runs its workflow (`explorer.workflow`: single-turn samples, or multi-turn episodes
-in `explorer.env`) on `tasks_per_batch` tasks x `group_size` samples at a time,
-publishes every group whole (acks=all) and waits for a newer weight version when admission
-control says its groups would arrive too stale. The holder of slot 0 evaluates each
-`eval.every_versions`-th version, so the eval survives the departure of any one explorer.
+file tasks of its slots and that share of the admission headroom, and the shares move when one
+joins or leaves. Each runs its workflow (`explorer.workflow`: single-turn samples, or multi-turn
+episodes in `explorer.env`) on up to `tasks_per_batch` tasks x `group_size` samples at a time,
+publishes every group whole (acks=all), and waits while admission control (`admission.py`) says
+that what all explorers generated already would keep the trainer busy until a group started now
+arrived too stale. The holder of slot 0 evaluates each `eval.every_versions`-th version, so the
+eval survives the departure of any one explorer.
 """
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ import os
 import signal
 import threading
 import time
+import uuid
+from functools import partial
 from pathlib import Path
 
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
-from streamrft.producers.admission import admit, explorer_quota, run_quota
+from streamrft.producers.admission import explorer_share, groups_per_version, headroom
+from streamrft.producers.admission_log import AdmissionLog
 from streamrft.producers.membership import Membership
 from streamrft.producers.tasks import load_task_file, make_task_source
 from streamrft.producers.weights_watcher import WeightsWatcher
@@ -51,11 +55,13 @@ class Explorer:
         self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
                                       Path(cfg.output_dir) / "cache" / self.id)
         self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
-        self.run_quota = run_quota(cfg.trainer.max_staleness, cfg.trainer.batch_groups, cfg.trainer.sync_interval)
+        self.per_version = groups_per_version(cfg.trainer.batch_groups, cfg.trainer.sync_interval)
         self.members = Membership(cfg.kafka, cfg.namespace, self.id, cfg.explorer.num_slots)
+        # its ledger's key: unique per process start (pids repeat across machines and containers)
+        self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
-                      "generate_s": 0.0}
+                      "generate_s": 0.0, "reserve_s": 0.0, "publish_s": 0.0}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
         m = Metric.of_finite(role, self.id, self.engine.version, values)
@@ -81,48 +87,51 @@ class Explorer:
         workflow = make_workflow(ex)
         self.members.start()
         self.watcher.start()
-        started, blocked_since, evaluated = 0, None, set()
+        self.admission.start()
+        evaluated = set()
         last_metric, t_start = time.monotonic(), time.monotonic()
         try:
             while not self.stop.is_set():
                 ready = self.watcher.take()
                 if ready is not None:
                     self.engine.load_weights(ready[1], ready[0])
-                    started = 0
                     self.stats["swaps"] += 1
                 slots = self.members.slots
-                if not slots:
-                    # not joined yet, or more explorers than slots: nothing of the run is ours now
+                if not slots or not self.admission.caught_up.is_set():
+                    # not joined yet, more explorers than slots, or the admission counts not read yet
                     self.stats["slot_waits"] += 1
                     self.stop.wait(0.2)
                     continue
                 self._maybe_eval(evaluated, slots)
-                quota = explorer_quota(self.run_quota, len(slots), self.members.num_slots)
-                if not admit(self.engine.version, self.watcher.latest_announced, started,
-                             cfg.trainer.max_staleness, quota):
-                    now = time.monotonic()
-                    blocked_since = blocked_since or now
-                    fresh = self.watcher.latest_announced - self.engine.version <= cfg.trainer.max_staleness
-                    if fresh and now - blocked_since > ex.admission_wait_s:
-                        # the trainer is still on this version and wants more (filtered groups): grant
-                        started, blocked_since = 0, None
-                    else:
-                        self.stats["admission_waits"] += 1
-                        time.sleep(0.05)
+                # headroom(generated, dropped, oldest_in_flight) with this engine's weights
+                room = partial(headroom, self.engine.version, self.watcher.latest_announced,
+                               cfg.trainer.max_staleness, self.per_version)
+                generated, dropped, oldest = self.admission.counts()
+                n = min(ex.tasks_per_batch, explorer_share(room(generated, dropped, oldest), slots,
+                                                           self.members.num_slots))
+                # of this share, what the records before the reservation on the admission topic leave
+                t0 = time.monotonic()
+                n = self.admission.reserve(n, self.engine.version, room) if n > 0 else 0
+                self.stats["reserve_s"] += time.monotonic() - t0
+                if n <= 0:
+                    self.stats["admission_waits"] += 1
+                    self.stop.wait(0.05)
                     continue
-                blocked_since = None
-                batch = tasks.take(min(ex.tasks_per_batch, quota - started), slots, self.members.num_slots)
+                batch = tasks.take(n, slots, self.members.num_slots)
                 if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
+                    self.admission.end(0)
                     self.stop.wait(0.2)
                     continue
                 t0 = time.monotonic()
                 groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
                                   producer_id=self.id, chat=ex.chat_template)
                 self.stats["generate_s"] += time.monotonic() - t0
+                t0 = time.monotonic()
                 for g in groups:
                     self.producer.produce(self.topic, key=g.group_id.encode(), value=encode(g))
                 flush_or_raise(self.producer)
-                started += len(groups)
+                self.admission.end(len(groups))
+                self.stats["publish_s"] += time.monotonic() - t0
                 self.stats["groups"] += len(groups)
                 self.stats["trajectories"] += sum(len(g.trajectories) for g in groups)
                 if time.monotonic() - last_metric > 5:
@@ -130,12 +139,14 @@ class Explorer:
                     self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                                   "traj_per_s": self.stats["trajectories"] / (last_metric - t_start),
                                   "version": self.engine.version, "swaps": self.stats["swaps"],
-                                  "slots": len(slots)})
+                                  "slots": len(slots), "admission_waits": self.stats["admission_waits"],
+                                  "run_generated": generated, "run_dropped": dropped})
                 if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
                     break
         finally:
             self.members.stop()  # leave the group first: the others take our slots at once
             self.watcher.stop()
+            self.admission.stop()
             tasks.close()
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                           "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"]})

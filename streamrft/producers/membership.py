@@ -3,7 +3,7 @@
 Every explorer joins group `<ns>.explorer-members` on the topic `<ns>.explorer-slots`, whose
 partitions are the run's *slots* (64 by default; nothing is ever written to it). The partitions
 the group assigns to an explorer are its slots: it takes the file tasks of those slots and that
-share of the admission quota. An explorer that joins makes the others give up slots; one that
+share of the admission headroom (`admission.py`). An explorer that joins makes the others give up slots; one that
 leaves (or is killed: after `kafka.session_timeout_ms`) has its slots moved to the others.
 A background thread polls, so the group keeps seeing the explorer while it generates.
 """

@@ -43,7 +43,8 @@ import faust
 from confluent_kafka import KafkaException
 
 from streamrft.config import KafkaConfig, RunConfig
-from streamrft.schemas import DeadLetter, ExperienceGroup, Metric, RolloutGroup, encode, rollouts_pattern, topic_name
+from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, encode,
+                               rollouts_pattern, topic_name)
 from streamrft.stream_ops.scoring import ScoringError, build_scorer
 from streamrft.stream_ops.validate import InvalidRollout, team_of_topic, validate
 
@@ -74,12 +75,18 @@ Scorer = Callable[[RolloutGroup], ExperienceGroup | None]
 
 
 class Outcome(NamedTuple):
-    """What one input record becomes: `kind` is "experience", "dead_letter" or "filtered"."""
+    """What one input record becomes: `kind` is "experience", "dead_letter" or "filtered".
+
+    `key`/`value` go to the experiences topic or the DLQ (none when filtered); a group that will
+    never be trained (filtered or dead-lettered) also yields `dropped`, the (key, value) of its
+    `GroupDropped` record on the admission topic, which explorers' admission control counts.
+    """
 
     kind: str
     key: bytes | None
     value: bytes | None
     trajectories: int
+    dropped: tuple[bytes, bytes] | None = None
 
 
 class OutputTooLarge(ValueError):
@@ -98,7 +105,8 @@ def route_record(scorer: Scorer, namespace: str, value: bytes | None, key: bytes
         stage = "scoring"
         exp = scorer(group)
         if exp is None:
-            return Outcome("filtered", None, None, len(group.trajectories))
+            drop = GroupDropped(group_id=group.group_id, reason="filtered", role=ROLE)
+            return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)))
         stage = "encoding the experience"
         exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
         out_key, out_value = exp.group_id.encode(), encode(exp)
@@ -142,7 +150,8 @@ def dead_letter(reason: str, error_type: str, value: bytes | None, key: bytes | 
     error_type = error_type[:256]  # DeadLetter.error_type's bound (a user's exception class names it)
     dead = DeadLetter(reason=reason, error_type=error_type, source_topic=topic, source_partition=partition,
                       source_offset=offset, role=ROLE, key=key, value=value[:DEAD_LETTER_MAX_BYTES])
-    return Outcome("dead_letter", key, encode(dead), 0)
+    drop = GroupDropped.of_record(key, topic, partition, offset, "dead_letter", ROLE)
+    return Outcome("dead_letter", key, encode(dead), 0, (drop.group_id.encode(), encode(drop)))
 
 
 @dataclass
@@ -237,6 +246,7 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     experiences = app.topic(topic_name(ns, "experiences"))
     dlq = app.topic(topic_name(ns, "dlq"))
     metrics = app.topic(topic_name(ns, "metrics"))
+    admission = app.topic(topic_name(ns, "admission"))
     outputs = {"experience": experiences, "dead_letter": dlq}
     counters = Counters()
 
@@ -254,8 +264,8 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
             try:
                 while True:
                     delivered, event, outcome = await inflight.get()
-                    if delivered is not None:
-                        await delivered  # the broker's acknowledgement (acks=all) of the output
+                    for future in delivered:
+                        await future  # the broker's acknowledgement (acks=all) of each output
                     await manual.ack(event)
                     counters.add(outcome)
             except Exception as e:  # a failed delivery (the producer already retried): ack nothing more
@@ -266,9 +276,12 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
             async for event in manual.events():
                 m = event.message
                 outcome = route_record(scorer, ns, event.value, m.key, m.topic, m.partition, m.offset)
-                delivered = None
+                delivered = []
                 if outcome.kind != "filtered":
-                    delivered = await outputs[outcome.kind].send(key=outcome.key, value=outcome.value)
+                    delivered.append(await outputs[outcome.kind].send(key=outcome.key, value=outcome.value))
+                if outcome.dropped is not None:  # durable before the input is acked: a lost one would
+                    # hold one group of admission headroom forever
+                    delivered.append(await admission.send(key=outcome.dropped[0], value=outcome.dropped[1]))
                 await inflight.put((delivered, event, outcome))
                 if acker.done():  # a delivery failed and the worker is going down: take nothing more
                     return

@@ -1,4 +1,4 @@
-from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories, is_fresh, staleness
+from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories, is_fresh, oldest_head, staleness
 from streamrft.schemas import Trajectory
 
 
@@ -55,3 +55,16 @@ def test_replay_forgets_nothing():
     seen = SeenWindow({"old": 0})
     seen.prune(trainer_version=100, max_staleness=None)
     assert "old" in seen
+
+
+def test_oldest_head_takes_the_oldest_weights_first_across_partitions_and_keeps_each_partition_in_order():
+    parts = ["p0", "p0", "p1", "p2", "p1"]
+    versions = [5, 3, 4, 4, 2]  # p0: v5 then v3; p1: v4 then v2; p2: v4
+    assert oldest_head(parts, versions.__getitem__) == 2   # heads are v5 (0), v4 (2), v4 (3): the first v4
+    assert oldest_head(["p0", "p1"], [7, -1].__getitem__) == 1  # an unreadable record goes first (dead letter)
+    assert oldest_head(["p0", "p0"], [9, 1].__getitem__) == 0   # never past a partition's first record
+    order, left = [], list(zip(parts, versions))
+    while left:  # draining: v4 (p1), v2 (p1 behind it), v4 (p2), v5 (p0), v3 (p0)
+        i = oldest_head([p for p, _ in left], lambda i: left[i][1])
+        order.append(left.pop(i))
+    assert order == [("p1", 4), ("p1", 2), ("p2", 4), ("p0", 5), ("p0", 3)]

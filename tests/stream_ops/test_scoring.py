@@ -115,6 +115,29 @@ def test_failing_reward_becomes_a_dead_letter_and_good_groups_still_score():
     assert out.kind == "experience" and exp.rewards == [1.0, 0.5] and exp.source_offset == 18
 
 
+def test_a_group_never_trained_is_announced_to_admission_control_and_an_experience_is_not():
+    """Filtered and dead-lettered groups yield a GroupDropped record for the admission topic, named
+    by the group's id (the record's key), so explorers' admission control stops counting them."""
+    from streamrft.engine.algorithms import ADVANTAGES
+    from streamrft.schemas import decode, encode
+    from streamrft.stream_ops.app import route_record
+
+    def scorer(group):
+        return score_group(group, [EXACT], ADVANTAGES["grpo"], {}, True, "reward_std")
+
+    group = make_group(["4", "4"])
+    out = route_record(scorer, "ns", encode(group), group.group_id.encode(), "ns.rollouts.default", 0, 5)
+    drop = decode(out.dropped[1])
+    assert out.kind == "filtered" and out.value is None and out.dropped[0] == group.group_id.encode()
+    assert (drop.kind, drop.group_id, drop.reason, drop.role) == ("group_dropped", group.group_id, "filtered",
+                                                                  "stream_ops")
+    out = route_record(scorer, "ns", b"not msgpack", b"g7", "ns.rollouts.default", 1, 9)
+    assert out.kind == "dead_letter" and decode(out.dropped[1]).group_id == "g7"
+    assert decode(out.dropped[1]).reason == "dead_letter"
+    out = route_record(scorer, "ns", encode(make_group(["4", "12"])), b"g1", "ns.rollouts.default", 2, 18)
+    assert out.kind == "experience" and out.dropped is None
+
+
 def test_non_finite_reward_is_an_error():
     with pytest.raises(ScoringError, match="returned nan"):
         score_group(make_group(["4"]), [ResolvedReward("nan", lambda r, a: float("nan"))], None, {}, False, "fifo")
