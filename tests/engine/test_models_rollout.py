@@ -92,6 +92,23 @@ def test_greedy_is_deterministic_and_seed_repeats(engine):
     assert [[c.token_ids for c in g] for g in x] == [[c.token_ids for c in g] for g in y]
 
 
+def test_shared_prefill_equals_one_prefill_per_sample(engine):
+    """n samples of a prompt share one prefill (its KV cache repeated n times): the greedy ids and
+    log-probs equal those of n separate copies of the prompt, whatever the padding (a one-token
+    prompt, whose shared part is all padding, included)."""
+    prompts = _ids(engine, ["", *PROMPTS])
+    assert len(prompts[0]) == 1
+    greedy = SamplingParams(n=3, max_new_tokens=6, temperature=0)
+    assert engine._shared_prefill(prompts, max(map(len, prompts)), greedy.n) is not None
+    shared = engine.generate(prompts, greedy)
+    copies = engine.generate([p for p in prompts for _ in range(3)], SamplingParams(n=1, max_new_tokens=6, temperature=0))
+    for i, group in enumerate(shared):
+        for j, c in enumerate(group):
+            alone = copies[3 * i + j][0]
+            assert c.token_ids == alone.token_ids
+            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+
+
 def test_load_weights_changes_outputs(model_dir):
     eng = TransformersEngine(str(model_dir), max_batch=8)
     prompts = _ids(eng, PROMPTS)
