@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 from streamrft.config import LoraSpec  # noqa: E402
 from streamrft.infra.objectstore import WeightStore  # noqa: E402
 
-LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
+# with a KL term: the reference model is the base, loaded beside the wrapped policy
+LORA = ("model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}", "algorithm.kl.coef=0.05")
 
 
 def test_lora_trainer_publishes_adapters_and_resumes_them(stack, namespace, trainer_config, kit):
@@ -20,8 +21,8 @@ def test_lora_trainer_publishes_adapters_and_resumes_them(stack, namespace, trai
     from streamrft.engine.weights import fetch_state_dict
 
     kit.produce(stack.kafka, namespace, [kit.group("A", 0)])
-    assert kit.run(trainer_config(stack, LORA, "trainer.batch_groups=1", "trainer.max_steps=1"))["version"] == 1
-    cfg = trainer_config(stack, LORA, "trainer.batch_groups=1", "trainer.max_steps=2")
+    assert kit.run(trainer_config(stack, *LORA, "trainer.batch_groups=1", "trainer.max_steps=1"))["version"] == 1
+    cfg = trainer_config(stack, *LORA, "trainer.batch_groups=1", "trainer.max_steps=2")
     store, key, cache = WeightStore(stack.s3), cfg.weights_key, Path(cfg.output_dir) / "cache"
     (v0, meta0), (v1, meta1) = (fetch_state_dict(store, key, v, cache) for v in (0, 1))
     assert LoraSpec.from_manifest(meta0) == LoraSpec.from_manifest(meta1) == cfg.model.lora
@@ -31,7 +32,7 @@ def test_lora_trainer_publishes_adapters_and_resumes_them(stack, namespace, trai
     assert b_norms(v0) == [0.0, 0.0] and min(b_norms(v1)) > 0
 
     resumed = Trainer(cfg)
-    assert resumed.resumed and resumed.state.version == 1
+    assert resumed.resumed and resumed.state.version == 1 and resumed.ref_model is not None
     for name, tensor in v1.items():
         assert torch.equal(resumed.engine.publishable_state_dict()[name], tensor), name
     assert len(resumed.engine.optimizer.state_dict()["state"]) == len(v1)  # AdamW's moments of each adapter tensor
