@@ -4,8 +4,6 @@ The CPU demo's explorers use it. Prompts are left-padded into batches of at most
 sequences (prompts x n); each prompt is repeated n times rather than using num_return_sequences,
 so greedy decoding with n > 1 works too. Log-probs come from the raw per-step logits
 (`output_logits`), tempered here, following the convention in `base.py`.
-A LoRA version is merged in place into the live weights from a copy of the base weights W0 of the
-modules it adapts, taken the first time each is adapted (memory: one more copy of those weights).
 """
 from __future__ import annotations
 
@@ -96,8 +94,9 @@ class TransformersEngine:
         self._is_base = False
 
     def _merge_adapter(self, adapter: dict[str, torch.Tensor], lora) -> None:
-        """W = W0 + (alpha / r) * B @ A for the adapter's modules; modules an earlier version adapted
-        and this one does not go back to W0."""
+        """W = W0 + (alpha / r) * B @ A in place for the adapter's modules, from a copy of W0 taken the
+        first time each is adapted (memory: one more copy of the adapted weights); modules an earlier
+        version adapted and this one does not go back to W0."""
         from streamrft.engine.lora import adapter_modules, merged_weights
 
         if not self._is_base:
