@@ -84,7 +84,8 @@ def adapter_modules(adapter: dict[str, torch.Tensor]) -> list[str]:
     return modules
 
 
-def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor],
+                   scale: float) -> dict[str, torch.Tensor]:
     """`{module.weight: W0 + scale * B @ A}` for each module of `adapter`, in W0's dtype and device
     (computed in float32); `base` maps `module.weight` to W0."""
     merged = {}

@@ -59,7 +59,8 @@ def load_shards(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def fetch_state_dict(store: WeightStore, model: str, version: int,
+                     cache_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict, manifest meta) of version `version`, downloaded and verified into
     `cache_dir/v<N>` and loaded; the files are dropped."""
     dest = Path(cache_dir) / f"v{version}"
@@ -87,7 +88,7 @@ def export_version(store: WeightStore, model: str, version: int, base_dir: str |
 
         base = load_shards(base_dir)
         if not base:
-            raise FileNotFoundError(f"{base_dir} holds no .safetensors weights to merge the LoRA version v{version} into")
+            raise FileNotFoundError(f"{base_dir} holds no .safetensors weights to merge LoRA version v{version} into")
         state = {**base, **merged_weights(base, state, lora.scale)}
     for path in Path(base_dir).iterdir():
         weights = path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json")

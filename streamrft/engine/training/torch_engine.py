@@ -67,5 +67,6 @@ class TorchTrainEngine:
 
             missing, unexpected = self.model.load_state_dict(load_shards(directory), strict=False)
             if unexpected or any("lm_head" not in k for k in missing):
-                raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, unexpected {unexpected}")
+                raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, "
+                                   f"unexpected {unexpected}")
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
