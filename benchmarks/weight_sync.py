@@ -77,7 +77,7 @@ def main() -> None:
                 t_pub = time.perf_counter() - t0
                 while (ready := watcher.take()) is None:
                     time.sleep(0.005)
-                engine.load_weights(ready[1], ready[0])
+                engine.load_weights(ready[1], ready[0], ready[2])
                 ours.append(time.perf_counter() - t0)
                 print(f"v{v}: raw put+get {raw[-1]:.2f}s | publish {t_pub:.2f}s, publish->swapped {ours[-1]:.2f}s")
             watcher.stop()

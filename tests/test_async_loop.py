@@ -6,6 +6,7 @@ trainer -> S3 weight versions -> explorers, with a tiny locally built model.
    still queued behind a committed offset).
 2. A trainer killed with -9 mid-run and restarted resumes at its checkpointed version and trains
    no experience twice (its audit trail is checked against the experiences topic).
+3. The same loop with LoRA: versions are adapters, explorers merge them, checkpoints hold adapters.
 """
 from __future__ import annotations
 
@@ -132,6 +133,44 @@ def test_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(stack, tmp
     ids = {t.traj_id for m in _read_all(stack.kafka, topic_name(cfg.namespace, "experiences"))
            for t in decode(m.value(), ExperienceGroup).trajectories}
     assert set(audit) <= ids
+
+
+def test_lora_run_publishes_adapters_that_explorers_load(stack, tmp_path):
+    import math
+
+    from streamrft.config import LoraSpec
+    from streamrft.infra.objectstore import WeightStore
+
+    steps = 3
+    res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(DEMO),
+                          *demo_overrides(stack, tmp_path, [f"trainer.max_steps={steps}", "model.lora={r: 4, alpha: 8}",
+                                                            "trainer.lr=0.003", "eval.every_versions=0"])],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    final = next(l for l in res.stdout.splitlines() if l.startswith("final:"))
+    fields = dict(kv.split("=") for kv in final.removeprefix("final: ").split())
+    assert int(fields["versions"]) == steps and math.isfinite(float(fields["eval_reward_end"]))
+    run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
+    cfg = load_config(run_dir / "config.yaml")
+
+    store = WeightStore(stack.s3)
+    kept = store.list_versions(cfg.weights_key)
+    assert kept[-1] == steps
+    for v in kept:  # every version an adapter, said so in its manifest, a fraction of the model's size
+        manifest = store.read_manifest(cfg.weights_key, v)
+        assert LoraSpec.from_manifest(manifest.meta) == cfg.model.lora
+        adapter_bytes = sum(f["size"] for f in manifest.files.values())
+        model_bytes = (Path(cfg.model.path) / "model.safetensors").stat().st_size
+        assert adapter_bytes < model_bytes / 2, (adapter_bytes, model_bytes)
+    ckpt = run_dir / "trainer" / f"v{steps}"
+    assert {p.name for p in ckpt.iterdir()} >= {"adapter.safetensors", "optimizer.pt"}
+    assert not list(ckpt.glob("model*.safetensors"))
+
+    swaps = [int(m) for f in (run_dir / "logs").glob("explorer-*.log")
+             for m in re.findall(r"'swaps': (\d+)", f.read_text())]
+    assert swaps and max(swaps) >= 1  # explorers loaded (merged) LoRA versions
+    losses = [float(m) for m in re.findall(r"step \d+ v\d+ loss (\S+)", (run_dir / "logs" / "trainer.log").read_text())]
+    assert len(losses) == steps and all(math.isfinite(x) for x in losses)
 
 
 def test_synchronous_on_policy_mode_is_the_same_machinery(stack, tmp_path):

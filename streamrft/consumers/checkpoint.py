@@ -1,8 +1,9 @@
 """Trainer checkpoints on local disk: model + optimiser + the state that makes resume exact.
 
-`<dir>/v<N>/` holds the weights, `optimizer.pt`, `trained.json` (the trajectory ids trained in
-version N) and, written last, `state.json` (version, step, the next offset of every experiences
-partition, the window of trained trajectory ids, counters). A directory is written as
+`<dir>/v<N>/` holds the weights (with LoRA the adapter alone, `adapter.safetensors`),
+`optimizer.pt`, `trained.json` (the trajectory ids trained in version N) and, written last,
+`state.json` (version, step, the next offset of every experiences partition, the window of
+trained trajectory ids, counters). A directory is written as
 `.tmp-v<N>`, fsynced and renamed, so a `v<N>` with `state.json` is complete; pruning renames a
 directory away before deleting it. `latest()` picks the highest complete `v<N>`; `LATEST` is
 still written for people and scripts, but nothing trusts it: a crash between the rename and the

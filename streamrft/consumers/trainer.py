@@ -11,6 +11,8 @@ Every `sync_interval` steps, in this order: flush the dead letters, publish vers
 ids), announce on the weights topic, commit offsets (retried; the checkpoint is the authority).
 On restart it resumes from the newest complete checkpoint and seeks to its offsets, so nothing
 is lost or retrained; `_start_plan` keeps version numbers from going backwards or being reused.
+With `model.lora` only adapters train, and every version (version 0 too: B = 0, the base itself)
+and checkpoint holds the adapter alone, its manifest meta saying so (`kind: lora`, r, alpha).
 """
 from __future__ import annotations
 
@@ -92,8 +94,9 @@ class Trainer:
         self.stop = stop or threading.Event()
         self.id = f"trainer-{os.getpid()}"
         self.ckpt_dir = Path(self.tc.checkpoint_dir or Path(cfg.output_dir) / "trainer")
-        self.model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype)
-        self.engine = make_train_engine(self.tc, self.model)
+        model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+        self.engine = make_train_engine(self.tc, model, cfg.model.lora)
+        self.model = self.engine.model  # with LoRA: wrapped with its adapters
         self.is_main = getattr(self.engine, "is_main", True)
         self.world = getattr(self.engine, "world", 1)
         self._lock = checkpoint.lock(self.ckpt_dir) if self.is_main else None
@@ -344,7 +347,7 @@ class Trainer:
             return
         # the dead letters of records this checkpoint moves past must be acknowledged first
         flush_or_raise(self.producer, timeout=60)
-        manifest = publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta={"step": self.state.step})
+        manifest = publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta=self._version_meta())
         # the trained ids go inside the checkpoint; it copies them to audit/ once it is durable
         checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, trained=self.trained_since_ckpt, barrier=barrier)
         self.trained_since_ckpt = []
@@ -354,6 +357,11 @@ class Trainer:
         if self.next_offsets:
             self._commit()
         self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+
+    def _version_meta(self) -> dict:
+        """A version's manifest meta: its step and what it holds (`LoraSpec.from_manifest` reads it)."""
+        lora = self.cfg.model.lora
+        return {"step": self.state.step, **(lora.manifest_meta() if lora else {"kind": "full"})}
 
     def _commit(self) -> None:
         """Commit the checkpoint's offsets for people and tools. The checkpoint, not this commit,
@@ -497,7 +505,7 @@ class Trainer:
             weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
             if self.is_main:
                 self.announce(publish_state_dict(self.store, self.cfg.weights_key, v, weights,
-                                                 meta={"step": self.state.step}).sha256)
+                                                 meta=self._version_meta()).sha256)
 
     def run(self) -> dict:
         try:

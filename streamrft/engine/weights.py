@@ -1,8 +1,10 @@
 """Moving a policy's weights between a torch module and the weight store.
 
 `publish_state_dict` writes safetensors shards (tied weights stored once) and publishes them as
-one version; `fetch_state_dict` downloads a version, verifies its manifest and loads it;
-`export_version` writes a version as a plain HF directory (`AutoModelForCausalLM.from_pretrained`).
+one version; `fetch_state_dict` downloads a version, verifies its manifest and loads it, with the
+manifest's meta (`LoraSpec.from_manifest(meta)`: full weights or a LoRA adapter); `export_version`
+writes a version as a plain HF directory (`AutoModelForCausalLM.from_pretrained`), an adapter
+merged into the base weights.
 """
 from __future__ import annotations
 
@@ -57,12 +59,14 @@ def load_shards(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Path) -> dict[str, torch.Tensor]:
-    """Download and verify version `version` into `cache_dir/v<N>`, load it, drop the files."""
+def fetch_state_dict(store: WeightStore, model: str, version: int,
+                     cache_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(state dict, manifest meta) of version `version`, downloaded and verified into
+    `cache_dir/v<N>` and loaded; the files are dropped."""
     dest = Path(cache_dir) / f"v{version}"
     try:
-        store.fetch_version(model, version, dest)
-        return load_shards(dest)
+        manifest = store.fetch_version(model, version, dest)
+        return load_shards(dest), manifest.meta
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
@@ -70,11 +74,22 @@ def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Pa
 def export_version(store: WeightStore, model: str, version: int, base_dir: str | Path, out_dir: str | Path) -> Path:
     """Version `version` of `model` (the store key, `RunConfig.weights_key`) as a plain HF directory:
     `base_dir`'s config, tokenizer, chat template and generation config with the version's weights in
-    one `model.safetensors` (a tied output head stays tied through the config, as in `base_dir`)."""
+    one `model.safetensors` (a tied output head stays tied through the config, as in `base_dir`).
+    A LoRA version is merged into `base_dir`'s weights (the base it was trained on)."""
+    from streamrft.config import LoraSpec
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = fetch_state_dict(store, model, version, out_dir / ".fetch")
+    state, meta = fetch_state_dict(store, model, version, out_dir / ".fetch")
     shutil.rmtree(out_dir / ".fetch", ignore_errors=True)
+    lora = LoraSpec.from_manifest(meta)
+    if lora is not None:
+        from streamrft.engine.lora import merged_weights
+
+        base = load_shards(base_dir)
+        if not base:
+            raise FileNotFoundError(f"{base_dir} holds no .safetensors weights to merge LoRA version v{version} into")
+        state = {**base, **merged_weights(base, state, lora.scale)}
     for path in Path(base_dir).iterdir():
         weights = path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json")
         if path.is_file() and not weights:

@@ -52,6 +52,7 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
     """Greedy eval reward of `version` (None = the prepared initial model), fetched from S3 and verified."""
     import tempfile
 
+    from streamrft.config import LoraSpec
     from streamrft.engine.rollout import engine_from_config
     from streamrft.engine.weights import fetch_state_dict
     from streamrft.infra.objectstore import WeightStore
@@ -61,7 +62,8 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
     engine = engine_from_config(cfg)
     if version is not None:
         with tempfile.TemporaryDirectory() as tmp:
-            engine.load_weights(fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp)), version)
+            state, meta = fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp))
+            engine.load_weights(state, version, LoraSpec.from_manifest(meta))
     tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
     return evaluate_run(engine, tasks, cfg)
 

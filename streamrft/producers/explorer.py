@@ -94,7 +94,8 @@ class Explorer:
             while not self.stop.is_set():
                 ready = self.watcher.take()
                 if ready is not None:
-                    self.engine.load_weights(ready[1], ready[0])
+                    version, state, lora = ready
+                    self.engine.load_weights(state, version, lora)
                     self.stats["swaps"] += 1
                 slots = self.members.slots
                 if not slots or not self.admission.caught_up.is_set():

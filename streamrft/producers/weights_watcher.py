@@ -16,7 +16,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException, TopicPartition
 from minio.error import S3Error
 
-from streamrft.config import KafkaConfig
+from streamrft.config import KafkaConfig, LoraSpec
 from streamrft.infra.kafka import make_consumer
 from streamrft.infra.objectstore import CorruptVersionError, StoreUnavailableError, WeightStore
 from streamrft.schemas import DecodeError, WeightVersion, decode, topic_name
@@ -36,7 +36,7 @@ class WeightsWatcher:
         self.cache_dir = Path(cache_dir)
         self.latest_announced = current_version
         self._loaded_version = current_version
-        self._ready: tuple[int, dict] | None = None
+        self._ready: tuple[int, dict, LoraSpec | None] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weights-watcher", daemon=True)
@@ -52,8 +52,9 @@ class WeightsWatcher:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def take(self) -> tuple[int, dict] | None:
-        """The newest verified (version, state_dict) not yet taken, or None."""
+    def take(self) -> tuple[int, dict, LoraSpec | None] | None:
+        """The newest verified (version, state_dict, its LoRA spec or None for full weights) not yet
+        taken, or None."""
         if self.failed is not None:
             raise RuntimeError("the weights watcher stopped") from self.failed
         with self._lock:
@@ -95,7 +96,7 @@ class WeightsWatcher:
                 if wanted is None or time.monotonic() < next_try:
                     continue
                 try:
-                    state = fetch_state_dict(self.store, self.store_key, wanted, self.cache_dir)
+                    state, meta = fetch_state_dict(self.store, self.store_key, wanted, self.cache_dir)
                 except FETCH_ERRORS as e:
                     self.fetch_errors += 1
                     log.warning("could not fetch %s v%d (%s: %s); retrying in %.1fs", self.model, wanted,
@@ -103,7 +104,7 @@ class WeightsWatcher:
                     next_try, delay = time.monotonic() + delay, min(delay * 2, self.retry_max_s)
                     continue
                 with self._lock:
-                    self._ready = (wanted, state)
+                    self._ready = (wanted, state, LoraSpec.from_manifest(meta))
                 wanted = None
         except BaseException as e:
             self.failed = e

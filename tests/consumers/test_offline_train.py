@@ -75,7 +75,8 @@ def test_publish_writes_version_steps_to_the_store(model_dir, tmp_path, stack):
     result = OfflineTrainer(cfg).run(publish=True)
     store = WeightStore(stack.s3)
     assert result["version"] == 2 and store.list_versions(cfg.weights_key) == [2]
-    published = fetch_state_dict(store, cfg.weights_key, 2, tmp_path / "cache")
+    published, meta = fetch_state_dict(store, cfg.weights_key, 2, tmp_path / "cache")
+    assert meta.get("kind", "full") == "full"
     saved, _ = load_policy(result["final_dir"])
     for name, tensor in published.items():
         torch.testing.assert_close(tensor, saved.state_dict()[name])

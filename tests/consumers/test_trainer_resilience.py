@@ -74,12 +74,12 @@ def test_a_restart_never_reuses_or_lowers_a_version(stack, namespace, trainer_co
     cfg = trainer_config(stack, "trainer.batch_groups=1", "trainer.max_steps=2")
     store, key = WeightStore(stack.s3), cfg.weights_key
     # a trainer that died after uploading v2, before v2's checkpoint: in S3, never announced
-    v1 = fetch_state_dict(store, key, 1, Path(cfg.output_dir) / "cache")
+    v1, _ = fetch_state_dict(store, key, 1, Path(cfg.output_dir) / "cache")
     publish_state_dict(store, key, 2, {k: t + 1 for k, t in v1.items()}, meta={"step": 99})
     kit.produce(stack.kafka, namespace, [kit.group("B", 1)])
     second = kit.run(cfg)
     assert second["version"] == 2
-    assert store.read_manifest(key, 2).meta == {"step": 2}  # redone, not the orphan
+    assert store.read_manifest(key, 2).meta == {"step": 2, "kind": "full"}  # redone, not the orphan
     assert _announced(stack.kafka, namespace) == [0, 1, 2]  # v1 not announced again: it already was
 
     # announced above the newest checkpoint: as if the checkpoints after v2 had been wiped

@@ -25,3 +25,31 @@ def test_export_version_holds_the_versions_weights_and_the_base_tokenizer(stack,
     for name, tensor in exported.state_dict().items():
         assert torch.equal(tensor, trained[name]), name
     assert load_tokenizer(out)("ab c").input_ids == load_tokenizer(base)("ab c").input_ids
+
+
+def test_a_lora_version_exports_merged_into_the_base_and_generates(stack, namespace, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from streamrft.config import LoraSpec, TrainerConfig
+    from streamrft.engine.models import load_policy
+    from streamrft.engine.training.torch_engine import TorchTrainEngine
+
+    torch.set_num_threads(1)
+    base = tmp_path / "base"
+    build_tiny_model(base, build_char_tokenizer("abc "), hidden_size=8, layers=1, heads=2, seed=0)
+    lora = LoraSpec(r=2, alpha=4.0)
+    engine = TorchTrainEngine(load_policy(base)[0], TrainerConfig(lr=0.1), lora)
+    ids = torch.tensor([[1, 4, 5, 6, 7, 2]])
+    engine.backward(engine.model(input_ids=ids, labels=ids).loss)
+    engine.step()
+    store, key = WeightStore(stack.s3), f"{namespace}/policy"
+    publish_state_dict(store, key, 1, engine.publishable_state_dict(), meta={"step": 1, **lora.manifest_meta()})
+    out = export_version(store, key, 1, base, tmp_path / "v1")
+
+    exported = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    engine.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, engine.model(input_ids=ids).logits, atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(exported(ids).logits, load_policy(base)[0](ids).logits)
+    generated = exported.generate(ids[:, :3], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert generated.shape == (1, 7)

@@ -61,3 +61,38 @@ def test_vllm_load_weights_changes_outputs(vllm_setup):
     after = engine.generate(prompts, greedy)
     assert engine.version == 2
     assert before[0][0].logprobs != after[0][0].logprobs
+
+
+def test_vllm_serves_a_lora_version_as_the_merged_model_computes_it(vllm_setup):
+    """A LoRA version becomes a LoRARequest on the base; its log-probs are the merged model's."""
+    import torch
+
+    from streamrft.config import LoraSpec, TrainerConfig
+    from streamrft.engine.models import load_policy
+    from streamrft.engine.rollout import SamplingParams
+    from streamrft.engine.rollout.hf import TransformersEngine
+    from streamrft.engine.rollout.vllm_engine import VLLMEngine
+    from streamrft.engine.training.torch_engine import TorchTrainEngine
+
+    _, path = vllm_setup
+    lora = LoraSpec(r=8, alpha=16)
+    model, tok = load_policy(path)
+    trainer = TorchTrainEngine(model, TrainerConfig(lr=0.05), lora)
+    ids = torch.tensor([tok("rev abc=cba").input_ids])
+    for _ in range(3):
+        trainer.backward(trainer.model(input_ids=ids, labels=ids).loss)
+        trainer.step()
+    adapter = {k: v.detach().clone() for k, v in trainer.publishable_state_dict().items()}
+    engine = VLLMEngine(str(path), dtype="bfloat16", gpu_memory_utilization=0.2, max_model_len=128,
+                        enforce_eager=True, lora=lora)
+    merged = TransformersEngine(str(path))
+    merged.load_weights(adapter, 1, lora)
+    engine.load_weights(adapter, 1, lora)
+    assert engine.version == 1 and engine.lora_request is not None
+    prompt = tok("rev abc=").input_ids
+    out = engine.generate([prompt], SamplingParams(n=1, max_new_tokens=6, temperature=0))[0][0]
+    seq = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = merged.model(seq).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(out.logprobs), expected, atol=0.15)  # bfloat16 vs float32

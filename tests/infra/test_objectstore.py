@@ -183,10 +183,10 @@ def test_watcher_retries_a_version_it_could_not_fetch(stack, store, namespace, t
         _wait_for(lambda: watcher.fetch_errors >= 2, 30, "two failed fetches")
         assert watcher.latest_announced == 1 and watcher.take() is None
         store.client.put_object(store.bucket, shard, io.BytesIO(good), len(good))
-        version, state = _wait_for(watcher.take, 30, "the repaired version")
+        version, state, lora = _wait_for(watcher.take, 30, "the repaired version")
     finally:
         watcher.stop()
-    assert version == 1 and _same_weights(state, module)
+    assert version == 1 and _same_weights(state, module) and lora is None  # a manifest without `kind`: full
 
 
 def test_publish_and_the_watcher_ride_out_an_s3_restart(private_stack, tmp_path):
@@ -221,7 +221,7 @@ def test_publish_and_the_watcher_ride_out_an_s3_restart(private_stack, tmp_path)
         es.restart("weed")
         publisher.join(90)
         assert "manifest" in outcome, outcome
-        version, state = _wait_for(watcher.take, 90, "the version published across the restart")
+        version, state, _ = _wait_for(watcher.take, 90, "the version published across the restart")
     finally:
         watcher.stop()
     assert version == 1 and _same_weights(state, module)

@@ -26,7 +26,8 @@ def make_engine(type: str, model_path: str, **kwargs) -> RolloutEngine:
 def engine_from_config(cfg) -> RolloutEngine:
     """The rollout engine a RunConfig's `explorer.engine` section describes, serving `model.path`."""
     e = cfg.explorer.engine
-    extra = {"gpu_memory_utilization": e.gpu_memory_utilization} if e.type == "vllm" else {}
+    # vLLM must enable LoRA when it is built; the transformers engine merges whatever comes
+    extra = {"gpu_memory_utilization": e.gpu_memory_utilization, "lora": cfg.model.lora} if e.type == "vllm" else {}
     return make_engine(e.type, cfg.model.path, device=e.device, dtype=cfg.model.dtype, max_batch=e.max_batch, **extra)
 
 

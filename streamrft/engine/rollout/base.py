@@ -53,6 +53,9 @@ class RolloutEngine(Protocol):
         """`params.n` completions for each prompt, in prompt order."""
         ...
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Copy `state_dict` (HF parameter names) into the live model and set `version`."""
+    def load_weights(self, state_dict: dict[str, Any], version: int, lora: Any = None) -> None:
+        """Copy `state_dict` (HF parameter names) into the live model and set `version`. With `lora`
+        (a `config.LoraSpec`, from the version's manifest) `state_dict` is a LoRA adapter
+        (`engine.lora`), applied to the base model the engine was built on, never on top of an
+        earlier version."""
         ...

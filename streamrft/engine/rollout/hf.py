@@ -26,6 +26,8 @@ class TransformersEngine:
         self.device = device
         self.max_batch = max_batch
         self.version = 0
+        self._base: dict[str, torch.Tensor] = {}  # W0 of each weight a LoRA version adapted so far
+        self._is_base = True  # the live weights outside `_base` are the base model's (no full version loaded)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -94,8 +96,13 @@ class TransformersEngine:
         return cache
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Copy `state_dict` into the live model in place (a tied lm_head may be left out)."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int, lora=None) -> None:
+        """Copy `state_dict` into the live model in place (a tied lm_head may be left out), or with
+        `lora` merge that adapter into the base weights."""
+        if lora is not None:
+            self._merge_adapter(state_dict, lora)
+            self.version = version
+            return
         own = self.model.state_dict()
         unexpected = set(state_dict) - set(own)
         # a tied output head shares storage with the embedding, so copying one fills both
@@ -106,3 +113,25 @@ class TransformersEngine:
         for name, tensor in state_dict.items():
             own[name].copy_(tensor)
         self.version = version
+        self._base.clear()
+        self._is_base = False
+
+    def _merge_adapter(self, adapter: dict[str, torch.Tensor], lora) -> None:
+        """W = W0 + (alpha / r) * B @ A in place for the adapter's modules, from a copy of W0 taken the
+        first time each is adapted (memory: one more copy of the adapted weights); modules an earlier
+        version adapted and this one does not go back to W0."""
+        from streamrft.engine.lora import adapter_modules, merged_weights
+
+        if not self._is_base:
+            raise RuntimeError("a LoRA version after a full one: the base weights it applies to are gone")
+        own = self.model.state_dict()
+        weights = [m + ".weight" for m in adapter_modules(adapter)]
+        unknown = [w for w in weights if w not in own]
+        if unknown:
+            raise KeyError(f"adapter does not fit the model: no weights {unknown}")
+        for w in weights:
+            if w not in self._base:
+                self._base[w] = own[w].detach().clone()
+        merged = merged_weights(self._base, adapter, lora.scale)
+        for w, w0 in self._base.items():
+            own[w].copy_(merged.get(w, w0))

@@ -1,38 +1,72 @@
-"""Single-process torch training: AdamW, global-norm clipping, optimiser state checkpoints."""
+"""Single-process torch training: AdamW, global-norm clipping, optimiser state checkpoints.
+
+With `lora` (a `config.LoraSpec`) the model is wrapped with peft adapters (`engine.lora`): only they
+train, a published version and a checkpoint hold them alone (with the optimiser's state of them).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
+ADAPTER_FILE = "adapter.safetensors"
+
 
 class TorchTrainEngine:
-    def __init__(self, model: torch.nn.Module, cfg):
+    def __init__(self, model: torch.nn.Module, cfg, lora=None):
+        if lora is not None:
+            from streamrft.engine.lora import wrap
+
+            model = wrap(model, lora)
         self.model = model
+        self.lora = lora
         self.grad_clip = cfg.grad_clip
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.is_main = True
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
     def step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip if self.grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
     def publishable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights, or with LoRA the adapter alone under the base model's names."""
+        if self.lora is not None:
+            from streamrft.engine.lora import adapter_state_dict
+
+            return adapter_state_dict(self.model)
         return self.model.state_dict()
 
     def save(self, directory: Path) -> None:
-        self.model.save_pretrained(directory)
+        if self.lora is not None:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().contiguous() for k, v in self.publishable_state_dict().items()},
+                      str(directory / ADAPTER_FILE))
+        else:
+            self.model.save_pretrained(directory)
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
 
     def load(self, directory: Path) -> None:
-        from streamrft.engine.weights import load_shards
+        if self.lora is not None:
+            from safetensors.torch import load_file
 
-        missing, unexpected = self.model.load_state_dict(load_shards(directory), strict=False)
-        if unexpected or any("lm_head" not in k for k in missing):
-            raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, unexpected {unexpected}")
+            from streamrft.engine.lora import load_adapter
+
+            if not (directory / ADAPTER_FILE).exists():
+                raise RuntimeError(f"checkpoint {directory} holds no LoRA adapter ({ADAPTER_FILE}): was it written "
+                                   "without model.lora?")
+            load_adapter(self.model, load_file(str(directory / ADAPTER_FILE)))
+        else:
+            from streamrft.engine.weights import load_shards
+
+            missing, unexpected = self.model.load_state_dict(load_shards(directory), strict=False)
+            if unexpected or any("lm_head" not in k for k in missing):
+                raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, "
+                                   f"unexpected {unexpected}")
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
