@@ -291,6 +291,10 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["model.lora={}", "trainer.engine=deepspeed"],
      "model.lora needs trainer.engine='torch' (got trainer.engine='deepspeed')"),
     (["model.lora={}", "algorithm.type=dpo"], "model.lora trains online RL only; algorithm.type='dpo' is trained offline"),
+    (["trainer.autocast=bfloat16", "trainer.engine=deepspeed"],
+     "trainer.autocast needs trainer.engine='torch' (got 'deepspeed')"),
+    (["trainer.autocast=float32"], "trainer.autocast: Input should be 'bfloat16' or 'float16'"),
+    (["explorer.engine.dtype=int8"], "explorer.engine.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
 ])
 def test_cross_field_and_special_ranges(inline_yaml, overrides, message):
     with pytest.raises(ConfigError) as info:

@@ -315,13 +315,17 @@ class Trainer:
             parts = [list(range(len(local)))]
         else:
             parts = micro_batches(local.attention_mask.sum(1).tolist(), self.tc.micro_batch_size, self.tc.micro_batch_tokens)
+        autocast = torch.autocast(device.type, dtype=getattr(torch, self.tc.autocast or "float32"),
+                                  enabled=self.tc.autocast is not None)
         for rows in parts:
             part = local.select(rows).to(device)
-            logp, entropy = token_logprobs(self.model, part, temperature, with_entropy=self.objective.entropy_coef != 0)
-            ref = None
-            if self.objective.kl_fn is not None:
-                with torch.no_grad():
-                    ref, _ = token_logprobs(self.ref_model, part, temperature)
+            with autocast:  # the model's matmuls; token_logprobs hands back float32
+                logp, entropy = token_logprobs(self.model, part, temperature,
+                                               with_entropy=self.objective.entropy_coef != 0)
+                ref = None
+                if self.objective.kl_fn is not None:
+                    with torch.no_grad():
+                        ref, _ = token_logprobs(self.ref_model, part, temperature)
             loss, m = self.objective(logp, part, ref, entropy, global_tokens, global_seqs)
             self.engine.backward(loss)
             for k, v in m.items():

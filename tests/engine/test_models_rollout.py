@@ -140,3 +140,15 @@ def test_sft_warmup_learns_completion_only(model_dir):
     ids, mask, labels = _batch(tok, [pair_sequence(tok, "rev ab=", "ba")])
     assert (labels != -100).sum().item() == 3
     assert labels[0, -3:].tolist() == tok("ba", add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+
+def test_explorer_engine_dtype_overrides_the_model_dtype(model_dir):
+    from streamrft.config import RunConfig
+    from streamrft.engine.rollout import engine_from_config
+
+    cfg = RunConfig(model={"path": str(model_dir)}, explorer={"engine": {"dtype": "bfloat16"}})
+    eng = engine_from_config(cfg)
+    assert next(eng.model.parameters()).dtype == torch.bfloat16
+    out = eng.generate(_ids(eng, PROMPTS), SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=0))
+    assert all(len(c.token_ids) == len(c.logprobs) >= 1 for group in out for c in group)
+    assert next(engine_from_config(RunConfig(model={"path": str(model_dir)})).model.parameters()).dtype == torch.float32

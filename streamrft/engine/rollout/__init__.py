@@ -28,7 +28,7 @@ def engine_from_config(cfg) -> RolloutEngine:
     e = cfg.explorer.engine
     # vLLM must enable LoRA when it is built; the transformers engine merges whatever comes
     extra = {"gpu_memory_utilization": e.gpu_memory_utilization, "lora": cfg.model.lora} if e.type == "vllm" else {}
-    return make_engine(e.type, cfg.model.path, device=e.device, dtype=cfg.model.dtype, max_batch=e.max_batch, **extra)
+    return make_engine(e.type, cfg.model.path, device=e.device, dtype=e.dtype or cfg.model.dtype, max_batch=e.max_batch, **extra)
 
 
 __all__ = ["engine_from_config", "Completion", "ENGINE_TYPES", "RolloutEngine", "SamplingParams", "make_engine"]
