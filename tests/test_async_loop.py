@@ -189,7 +189,8 @@ def test_synchronous_on_policy_mode_is_the_same_machinery(stack, tmp_path):
         assert ids and {versions[i] for i in ids} == {v - 1}
 
 
-def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path, signum):
     from streamrft.infra.stack import free_ports, pid_alive
 
     ports = free_ports()
@@ -207,7 +208,7 @@ def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path):
             break
     roles = json.loads(next((tmp_path / "out").glob("*/roles.json")).read_text())
     stack = json.loads((tmp_path / "stack" / "stack.json").read_text())
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(lines) + out
     assert "interrupted" in out and "stack down" in out

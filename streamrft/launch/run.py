@@ -89,10 +89,17 @@ def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tu
     plt.close(fig)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(config_path: str, overrides: list[str]) -> int:
     from streamrft.infra.stack import embedded_stack, resolve_clients
 
     t_start = time.monotonic()
+    # `kill PID` stops a run as Ctrl-C does: every role, then the stack it started (by default
+    # SIGTERM would end the launcher alone and leave its roles and the stack running)
+    signal.signal(signal.SIGTERM, _interrupt)
     cfg = load_config(config_path, overrides)
     run_name = f"{cfg.namespace}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg.namespace = run_name
