@@ -19,6 +19,7 @@ after one warm-up; each stage's share of the sum, and the bytes a version moves.
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import statistics
 import sys
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'sum':<11} {total:8.2f}")
         trainer.consumer.close()
         del trainer  # its producer, before the broker goes away
+        gc.collect()
     finally:
         stack.down()
         shutil.rmtree(tmp, ignore_errors=True)
