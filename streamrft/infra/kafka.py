@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamrft.config import KafkaConfig
-from streamrft.schemas import topic_name
+from streamrft.schemas import DecodeError, decode, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -325,3 +325,21 @@ def committed_offsets(cfg: KafkaConfig, group_id: str, topic: str, partitions: l
         return {tp.partition: tp.offset if tp.offset >= 0 else -1 for tp in tps}
     finally:
         consumer.close()
+
+
+def decoded(msgs, topic: str, kind: type | None = None) -> Iterator[tuple]:
+    """(message, record) for each of `msgs` that decodes (as `kind` when given), for the control
+    topics a role only reads (weights announcements, admission ledgers): a consume error or a record
+    that does not decode is logged and skipped; a fatal error raises."""
+    for m in msgs:
+        if m.error() is not None:
+            if m.error().fatal():
+                raise KafkaException(m.error())
+            log.warning("consume error on %s: %s", topic, m.error())
+            continue
+        try:
+            record = decode(m.value()) if kind is None else decode(m.value(), kind)
+        except DecodeError as e:
+            log.warning("bad record on %s offset %d: %s", topic, m.offset(), e)
+            continue
+        yield m, record

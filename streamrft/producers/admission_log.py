@@ -18,12 +18,12 @@ import threading
 import time
 from typing import Callable
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from streamrft.config import KafkaConfig
-from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
+from streamrft.infra.kafka import decoded, ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.producers.admission import LEASE_S, REFRESH_S, AdmissionView
-from streamrft.schemas import DecodeError, ExplorerLedger, GroupDropped, decode, encode, topic_name
+from streamrft.schemas import ExplorerLedger, GroupDropped, encode, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +136,7 @@ class AdmissionLog:
                 self._producer.flush(0.05)
 
     def _fold(self, msgs) -> None:
-        for m in msgs:
-            if m.error() is not None:
-                if m.error().fatal():
-                    raise KafkaException(m.error())
-                log.warning("consume error on %s: %s", self.topic, m.error())
-                continue
-            try:
-                record = decode(m.value())
-            except DecodeError as e:
-                log.warning("bad record on %s offset %d: %s", self.topic, m.offset(), e)
-                continue
+        for m, record in decoded(msgs, self.topic):
             if not isinstance(record, (ExplorerLedger, GroupDropped)):
                 log.warning("unexpected %s on %s offset %d", record.kind, self.topic, m.offset())
                 continue

@@ -13,13 +13,13 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 from minio.error import S3Error
 
 from streamrft.config import KafkaConfig, LoraSpec
-from streamrft.infra.kafka import make_consumer
+from streamrft.infra.kafka import decoded, make_consumer
 from streamrft.infra.objectstore import CorruptVersionError, StoreUnavailableError, WeightStore
-from streamrft.schemas import DecodeError, WeightVersion, decode, topic_name
+from streamrft.schemas import WeightVersion, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +65,7 @@ class WeightsWatcher:
 
     def _newest(self, msgs) -> int | None:
         newest = None
-        for m in msgs:
-            if m.error() is not None:
-                if m.error().fatal():
-                    raise KafkaException(m.error())
-                log.warning("consume error on %s: %s", self.topic, m.error())
-                continue
-            try:
-                wv = decode(m.value(), WeightVersion)
-            except DecodeError as e:
-                log.warning("bad record on %s offset %d: %s", self.topic, m.offset(), e)
-                continue
+        for _, wv in decoded(msgs, self.topic, WeightVersion):
             if wv.model == self.model and (newest is None or wv.version > newest):
                 newest = wv.version
         return newest
