@@ -119,6 +119,36 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """A run's weight version as a plain Hugging Face directory (config, tokenizer, chat template,
+    safetensors; a LoRA version merged into its base) that `from_pretrained` loads. With the embedded
+    stack, it is started for the export (and stopped again) when it is not running."""
+    from streamrft.config import load_config
+    from streamrft.engine.weights import export_version
+    from streamrft.infra.objectstore import WeightStore
+
+    cfg = load_config(args.config, args.overrides)
+    es = embedded_stack(cfg.stack, cfg.s3) if cfg.stack.embedded else None
+    started = es is not None and not any(es.running().values())
+    if es is not None:
+        es.up()
+    try:
+        _, s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+        store = WeightStore(s3)
+        versions = store.list_versions(cfg.weights_key)
+        version = (versions[-1] if versions else None) if args.version is None else args.version
+        if version not in versions:
+            print(f"streamrft: no version {'' if version is None else version} of {cfg.weights_key} in "
+                  f"s3://{s3.bucket} (there: {versions})", file=sys.stderr)
+            return 1
+        out = export_version(store, cfg.weights_key, version, cfg.model.path, args.out)
+        print(f"exported {cfg.weights_key} v{version} to {out}")
+        return 0
+    finally:
+        if started:
+            es.down()
+
+
 def cmd_topics(args) -> int:
     """Create the run's topics (idempotent), so roles never race to create them: a deployment runs
     this once before any role starts, with broker auto-creation off."""
@@ -225,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="build the model, data and warm-up stages a config names (idempotent)")
     _config_args(p)
     p.set_defaults(fn=cmd_prepare)
+    p = sub.add_parser("export", help="a weight version as a Hugging Face model directory (LoRA merged)")
+    _config_args(p)
+    p.add_argument("--version", type=int, default=None, help="the version (default: the newest in S3)")
+    p.add_argument("--out", required=True, help="the directory to write")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("topics", help="create the run's topics if missing (idempotent) and list them")
     _config_args(p)
     p.set_defaults(fn=cmd_topics)

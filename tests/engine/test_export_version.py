@@ -53,3 +53,25 @@ def test_a_lora_version_exports_merged_into_the_base_and_generates(stack, namesp
         assert not torch.allclose(exported(ids).logits, load_policy(base)[0](ids).logits)
     generated = exported.generate(ids[:, :3], max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert generated.shape == (1, 7)
+
+
+def test_streamrft_export_writes_a_runs_version_as_a_model_directory(stack, namespace, tmp_path, capsys):
+    """`streamrft export RUN_CONFIG --version N --out DIR`, on the run's config as `streamrft run` wrote it."""
+    from transformers import AutoModelForCausalLM
+
+    from streamrft.cli import main
+
+    base = tmp_path / "base"
+    model = build_tiny_model(base, build_char_tokenizer("abc "), hidden_size=8, layers=1, heads=2, seed=0)
+    trained = {k: v * 0.5 for k, v in model.state_dict().items()}
+    store = WeightStore(stack.s3)
+    publish_state_dict(store, f"{namespace}/policy", 2, trained)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"namespace: {namespace}\nmodel: {{path: {base}}}\n")
+    endpoints = ["stack.embedded=false", f"s3.endpoint={stack.s3.endpoint}", f"s3.access_key={stack.s3.access_key}",
+                 f"s3.secret_key={stack.s3.secret_key}", f"s3.bucket={stack.s3.bucket}"]
+    assert main(["export", str(config), *endpoints, "--out", str(tmp_path / "latest")]) == 0  # the newest: v2
+    assert f"{namespace}/policy v2" in capsys.readouterr().out
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "latest"), local_files_only=True)
+    assert all(torch.equal(t, trained[name]) for name, t in exported.state_dict().items())
+    assert main(["export", str(config), *endpoints, "--version", "7", "--out", str(tmp_path / "x")]) != 0
