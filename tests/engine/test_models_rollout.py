@@ -152,3 +152,43 @@ def test_explorer_engine_dtype_overrides_the_model_dtype(model_dir):
     out = eng.generate(_ids(eng, PROMPTS), SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=0))
     assert all(len(c.token_ids) == len(c.logprobs) >= 1 for group in out for c in group)
     assert next(engine_from_config(RunConfig(model={"path": str(model_dir)})).model.parameters()).dtype == torch.float32
+
+
+def _tempered(logits: torch.Tensor, temperature: float, top_k: int = 0) -> torch.Tensor:
+    """Log-probs of the distribution the engine samples from, recomputed here by hand."""
+    scaled = logits / temperature
+    if top_k:
+        kth = scaled.topk(top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def test_recorded_logprobs_are_the_sampled_distribution_whatever_the_checkpoint_says(tmp_path):
+    """A checkpoint whose generation_config.json sets repetition_penalty, top_k and a minimum length
+    (as real ones do): the engine samples from exactly what SamplingParams names, and the recorded
+    log-probs equal a teacher-forced recomputation under those settings to 1e-5 (with top-k: the
+    truncated, renormalised distribution, every sampled token inside it)."""
+    from transformers import GenerationConfig
+
+    model = build_tiny_model(tmp_path, build_char_tokenizer(ALPHABET), hidden_size=32, layers=2, heads=4, seed=1)
+    GenerationConfig(do_sample=True, repetition_penalty=1.8, top_k=2, min_new_tokens=5, no_repeat_ngram_size=1,
+                     bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id,
+                     pad_token_id=model.config.pad_token_id).save_pretrained(tmp_path)
+    torch.set_num_threads(1)
+    eng = TransformersEngine(str(tmp_path), max_batch=16)
+    kept = {k for k in eng.model.generation_config.to_diff_dict() if k != "transformers_version"}
+    assert kept == {"bos_token_id", "eos_token_id", "pad_token_id"}
+    prompts = _ids(eng, PROMPTS)
+    for top_k in (0, 4):
+        out = eng.generate(prompts, SamplingParams(n=4, max_new_tokens=8, temperature=0.8, top_k=top_k, seed=3))
+        repeats = 0
+        for prompt, group in zip(prompts, out):
+            for c in group:
+                seq = torch.tensor([prompt + c.token_ids])
+                with torch.no_grad():
+                    logits = eng.model(seq).logits[0, len(prompt) - 1: -1]
+                expected = _tempered(logits, 0.8, top_k).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+                assert torch.isfinite(expected).all()  # with top-k: every sampled token is among the k
+                assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-5), (top_k, c.token_ids)
+                repeats += len(c.token_ids) - len(set(c.token_ids))
+        assert repeats > 0  # no_repeat_ngram_size=1 from the checkpoint would forbid any repeated token

@@ -4,11 +4,14 @@ An engine turns token-id prompts into n sampled completions each, with the behav
 every generated token, and takes new weights in place between calls. Explorers talk only to this
 interface; pick an engine with `streamrft.engine.rollout.make_engine`.
 
-Log-prob convention (all engines): `Completion.logprobs[t]` is log softmax(logits_t / temperature)
-at the chosen token, i.e. the tempered distribution before any top-k / top-p truncation. With
-top_k=0 and top_p=1 (the RL default) that is exactly the distribution sampled from, and it is what
-a trainer recomputes by dividing its logits by the same temperature. Under greedy decoding
-(temperature 0) the untempered log softmax(logits_t) is reported.
+Log-prob convention (all engines): `Completion.logprobs[t]` is the log-prob of the chosen token
+under exactly the distribution it was sampled from: softmax(logits_t / temperature), restricted to
+the top-k / top-p tokens and renormalised when those are set, and nothing else (no setting from the
+checkpoint's own generation config: no repetition penalty, no minimum length). With top_k=0 and
+top_p=1 (the RL default) that is what a trainer recomputes by dividing its logits by the same
+temperature; with truncation the trainer's untruncated log-prob over this one is the importance
+weight that corrects for it. Under greedy decoding (temperature 0) the untempered
+log softmax(logits_t) is reported.
 """
 from __future__ import annotations
 

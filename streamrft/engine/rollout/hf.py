@@ -2,8 +2,10 @@
 
 The CPU demo's explorers use it. Prompts are left-padded into batches of at most `max_batch`
 sequences (prompts x n); each prompt is repeated n times rather than using num_return_sequences,
-so greedy decoding with n > 1 works too. Log-probs come from the raw per-step logits
-(`output_logits`), tempered here, following the convention in `base.py`.
+so greedy decoding with n > 1 works too. Log-probs come from the per-step scores `generate`
+sampled from (`output_scores`: after temperature, top-k and top-p), the convention in `base.py`;
+the checkpoint's own generation config is replaced by one naming only its special tokens, so no
+setting of its own (repetition_penalty, top_k, ...) changes what is sampled.
 
 The n samples of one prompt share its prefill: the prompts (all but their last token) run once,
 their KV cache is repeated n times, and `generate` goes on from it. A real chat prompt is several
@@ -23,6 +25,12 @@ from streamrft.engine.rollout.base import Completion, SamplingParams
 class TransformersEngine:
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", max_batch: int = 64):
         self.model, self.tokenizer = load_policy(model_path, dtype=dtype, device=device)
+        # sample from exactly what SamplingParams names: `generate` fills every setting left unset
+        # from the checkpoint's own generation config (a real one may set repetition_penalty, top_k,
+        # min_length, ...), which would change the distribution behind the recorded log-probs
+        own = self.model.generation_config
+        self.model.generation_config = GenerationConfig(bos_token_id=own.bos_token_id, eos_token_id=own.eos_token_id,
+                                                        pad_token_id=own.pad_token_id)
         self.device = device
         self.max_batch = max_batch
         self.version = 0
@@ -60,16 +68,14 @@ class TransformersEngine:
             eos_token_id=stop_ids,
             pad_token_id=pad_id,
             return_dict_in_generate=True,
-            output_logits=True,
+            output_scores=True,  # after temperature, top-k and top-p: the distribution each token came from
         )
         cache = self._shared_prefill(prompts, width, params.n)
         res = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
                                   **({} if cache is None else {"past_key_values": cache}))
         new = res.sequences[:, width:]
-        logits = torch.stack(res.logits, dim=1).float()  # (rows, steps, vocab), raw: before any processor
-        if not greedy:
-            logits = logits / params.temperature
-        chosen = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        scores = torch.stack(res.scores, dim=1).float()  # (rows, steps, vocab); -inf where truncated
+        chosen = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         stop = set(stop_ids)
         completions = []
         for ids, lps in zip(new.tolist(), chosen.tolist()):

@@ -7,9 +7,10 @@ machines. Needs vllm >= 0.10.2 (`logprobs_mode`). Written against vLLM's documen
 - The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vllm is
   imported unless the caller set it), so `load_weights` reaches the live model without pickling
   weights across processes.
-- `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after temperature scaling, the
-  convention of `base.py`. With top_k / top_p set, vLLM may report them after that truncation too;
-  with both off (the RL default) the conventions agree exactly.
+- `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after its logits processing
+  (temperature, top-k, top-p), the distribution it sampled from: the convention of `base.py`.
+  `generation_config="vllm"` keeps the checkpoint's generation_config.json (repetition_penalty,
+  top_k, ...) out of the sampling defaults, as the transformers engine does.
 - vLLM's own tokenizer is skipped (`skip_tokenizer_init`): AutoTokenizer would load a tokenizer of
   the model type's class, which for the demo's char tokenizer is wrong. Text is decoded here with
   `load_tokenizer`, and EOS is passed as a stop token explicitly.
@@ -61,6 +62,7 @@ class VLLMEngine:
             seed=seed,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
+            generation_config="vllm",
             **llm_kwargs,
         )
         self.version = 0
