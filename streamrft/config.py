@@ -449,6 +449,13 @@ class TrainerConfig(Section):
     lr: float = Field(1e-5, gt=0, **_FINITE)
     weight_decay: float = Field(0.0, ge=0, **_FINITE)
     grad_clip: float = Field(1.0, ge=0, **_FINITE)
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch (PPO epochs); each pass makes `mini_batches` optimiser updates."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimiser updates per pass: the batch's rows shuffled and dealt into this many mini-batches,
+    each normalised by its own token / sequence count. With `decoupled_ppo` the proximal policy is the
+    policy at the start of the batch (its log-probs computed once), so from the second update on its
+    clip binds; other losses clip against the behaviour log-probs the explorers recorded."""
     autocast: Literal["bfloat16", "float16"] | None = None
     """Mixed precision (torch engine): forward and backward under `torch.autocast` in this dtype,
     weights, gradients and optimiser state in `model.dtype`; log-probs and losses in float32. On a
@@ -512,6 +519,17 @@ class RunConfig(Section):
         """Where this run's weight versions live in the bucket: `<namespace>/<model.name>/v<N>/`,
         so runs sharing one S3 store never overwrite each other's versions."""
         return f"{self.namespace}/{self.model.name}"
+
+    @model_validator(mode="after")
+    def _updates(self) -> "RunConfig":
+        t = self.trainer
+        if (t.ppo_epochs > 1 or t.mini_batches > 1) and t.engine != "torch":
+            raise ValueError(f"trainer.ppo_epochs={t.ppo_epochs} / trainer.mini_batches={t.mini_batches} need "
+                             f"trainer.engine='torch' (got {t.engine!r}): DeepSpeed makes one update per batch")
+        if t.mini_batches > t.batch_groups * self.explorer.group_size:
+            raise ValueError(f"trainer.mini_batches={t.mini_batches} is more than the trajectories of a batch "
+                             f"(trainer.batch_groups x explorer.group_size = {t.batch_groups * self.explorer.group_size})")
+        return self
 
     @model_validator(mode="after")
     def _autocast(self) -> "RunConfig":

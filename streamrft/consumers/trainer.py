@@ -71,12 +71,12 @@ class Objective:
         if ex.workflow_import_path or ex.workflow == "multi_turn":
             self.norm_len = min(ex.max_turns * ex.sampling.max_new_tokens, ex.max_total_tokens)
 
-    def __call__(self, logp, batch: Batch, ref_logp, entropy, global_tokens, global_seqs):
+    def __call__(self, logp, batch: Batch, ref_logp, entropy, global_tokens, global_seqs, prox=None):
         from streamrft.engine.algorithms import policy_objective
 
         params = dict(self.loss_params)
-        if self.loss_name == "decoupled_ppo":
-            params["prox_logprobs"] = logp.detach()  # one update per batch: proximal = current policy
+        if self.loss_name == "decoupled_ppo":  # the policy at the start of the batch (one update: the current one)
+            params["prox_logprobs"] = logp.detach() if prox is None else prox
         return policy_objective(logp, batch.old_logprobs, batch.advantages, batch.mask, ref_logp, entropy,
                                 loss_fn=self.loss_fn, loss_params=params, kl_fn=self.kl_fn, kl_coef=self.kl_coef,
                                 entropy_coef=self.entropy_coef, agg_mode=self.agg_mode, global_tokens=global_tokens,
@@ -311,14 +311,59 @@ class Trainer:
             rank = self.engine.rank
             local = batch.slice(rank * per, (rank + 1) * per)
         device = next(self.model.parameters()).device
-        if self.world > 1:  # DeepSpeed: one backward per step
-            parts = [list(range(len(local)))]
-        else:
-            parts = micro_batches(local.attention_mask.sum(1).tolist(), self.tc.micro_batch_size, self.tc.micro_batch_tokens)
         autocast = torch.autocast(device.type, dtype=getattr(torch, self.tc.autocast or "float32"),
                                   enabled=self.tc.autocast is not None)
-        for rows in parts:
-            part = local.select(rows).to(device)
+        updates = self.tc.ppo_epochs * self.tc.mini_batches
+        # decoupled PPO clips against the proximal policy: the weights at the start of this batch,
+        # their log-probs computed once (with one update per batch they equal the current ones)
+        prox = self._logprobs(local, temperature, autocast, device) if updates > 1 and \
+            self.objective.loss_name == "decoupled_ppo" else None
+        order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)
+        self.update_metrics = []  # one dict per optimiser update of this step
+        for _ in range(self.tc.ppo_epochs):
+            rows = torch.randperm(len(local), generator=order).tolist() if self.tc.mini_batches > 1 \
+                else list(range(len(local)))
+            for k in range(self.tc.mini_batches):
+                mini_rows = rows[k::self.tc.mini_batches]
+                if mini_rows:
+                    self.update_metrics.append(self._update(local, mini_rows, prox, temperature, autocast, device,
+                                                            (global_tokens, global_seqs) if updates == 1 else None))
+        for key in {k for m in self.update_metrics for k in m}:  # means over the updates
+            values = [m[key] for m in self.update_metrics if key in m]
+            metrics[key] = sum(values) / len(values)
+        metrics["updates"] = float(len(self.update_metrics))
+        staleness = [self.state.version - t.model_version for t, _, _ in samples]
+        metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
+                       staleness_max=float(max(staleness)), samples=float(len(batch)),
+                       response_len=float(batch.mask.sum() / len(batch)))
+        return metrics
+
+    def _logprobs(self, batch: Batch, temperature: float, autocast, device) -> torch.Tensor:
+        """The current policy's log-probs of every row of `batch`, without gradients, by micro-batch."""
+        out = torch.zeros_like(batch.old_logprobs)
+        with torch.no_grad():
+            for rows in micro_batches(batch.attention_mask.sum(1).tolist(), self.tc.micro_batch_size,
+                                      self.tc.micro_batch_tokens):
+                with autocast:
+                    logp, _ = token_logprobs(self.model, batch.select(rows).to(device), temperature)
+                out[rows] = logp.to(out.device)
+        return out
+
+    def _update(self, local: Batch, rows: list[int], prox: torch.Tensor | None, temperature: float, autocast,
+                device, counts: tuple | None) -> dict[str, float]:
+        """One optimiser update on `rows` of `local` (a whole batch, or one mini-batch of one epoch):
+        forward and backward by micro-batch, then the step. The loss is normalised by `counts`
+        (the whole batch's tokens and sequences, across ranks) or, for a mini-batch, by its own."""
+        mini = local.select(rows)
+        tokens, seqs = counts or (mini.mask.sum(), (mini.mask.sum(1) > 0).sum())
+        if self.world > 1:  # DeepSpeed: one backward per step
+            parts = [list(range(len(mini)))]
+        else:
+            parts = micro_batches(mini.attention_mask.sum(1).tolist(), self.tc.micro_batch_size,
+                                  self.tc.micro_batch_tokens)
+        metrics: dict[str, float] = {}
+        for part_rows in parts:
+            part = mini.select(part_rows).to(device)
             with autocast:  # the model's matmuls; token_logprobs hands back float32
                 logp, entropy = token_logprobs(self.model, part, temperature,
                                                with_entropy=self.objective.entropy_coef != 0)
@@ -326,15 +371,12 @@ class Trainer:
                 if self.objective.kl_fn is not None:
                     with torch.no_grad():
                         ref, _ = token_logprobs(self.ref_model, part, temperature)
-            loss, m = self.objective(logp, part, ref, entropy, global_tokens, global_seqs)
+            part_prox = None if prox is None else prox[[rows[i] for i in part_rows]].to(device)
+            loss, m = self.objective(logp, part, ref, entropy, tokens, seqs, prox=part_prox)
             self.engine.backward(loss)
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k in ("loss", "policy_loss") else len(part) / len(batch))
+            for k, v in m.items():  # loss terms add up over micro-batches; the rest by share of rows
+                metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k in ("loss", "policy_loss") else len(part) / len(mini))
         metrics["grad_norm"] = self.engine.step()
-        staleness = [self.state.version - t.model_version for t, _, _ in samples]
-        metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
-                       staleness_max=float(max(staleness)), samples=float(len(batch)),
-                       response_len=float(batch.mask.sum() / len(batch)))
         return metrics
 
     # ---- versions ----------------------------------------------------------------------------
