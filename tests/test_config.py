@@ -293,6 +293,12 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["model.lora={}", "algorithm.type=dpo"], "model.lora trains online RL only; algorithm.type='dpo' is trained offline"),
     (["trainer.autocast=bfloat16", "trainer.engine=deepspeed"],
      "trainer.autocast needs trainer.engine='torch' (got 'deepspeed')"),
+    (["trainer.ppo_epochs=2", "trainer.engine=deepspeed"],
+     "trainer.ppo_epochs=2 / trainer.mini_batches=1 need trainer.engine='torch' (got 'deepspeed')"),
+    (["trainer.mini_batches=33", "trainer.batch_groups=4", "explorer.group_size=8"],
+     "trainer.mini_batches=33 is more than the trajectories of a batch (trainer.batch_groups x "
+     "explorer.group_size = 32)"),
+    (["trainer.ppo_epochs=0"], "trainer.ppo_epochs: Input should be greater than or equal to 1"),
     (["trainer.autocast=float32"], "trainer.autocast: Input should be 'bfloat16' or 'float16'"),
     (["explorer.engine.dtype=int8"], "explorer.engine.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
 ])
