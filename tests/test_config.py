@@ -206,6 +206,8 @@ OUT_OF_RANGE = [
     ("trainer.grad_clip=-1", "trainer.grad_clip: must be >= 0 (got -1)"),
     ("trainer.max_steps=0", "trainer.max_steps: must be >= 1 (got 0)"),
     ("trainer.sync_interval=0", "trainer.sync_interval: must be >= 1 (got 0)"),
+    ("trainer.ppo_epochs=0", "trainer.ppo_epochs: must be >= 1 (got 0)"),
+    ("trainer.mini_batches=0", "trainer.mini_batches: must be >= 1 (got 0)"),
     ("trainer.max_staleness=-1", "trainer.max_staleness: must be >= 0 (got -1)"),
     ("trainer.keep_versions=0", "trainer.keep_versions: must be >= 1 (got 0)"),
     ("trainer.torch_threads=0", "trainer.torch_threads: must be >= 1 (got 0)"),
@@ -298,7 +300,6 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["trainer.mini_batches=33", "trainer.batch_groups=4", "explorer.group_size=8"],
      "trainer.mini_batches=33 is more than the trajectories of a batch (trainer.batch_groups x "
      "explorer.group_size = 32)"),
-    (["trainer.ppo_epochs=0"], "trainer.ppo_epochs: Input should be greater than or equal to 1"),
     (["trainer.autocast=float32"], "trainer.autocast: Input should be 'bfloat16' or 'float16'"),
     (["explorer.engine.dtype=int8"], "explorer.engine.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
 ])
