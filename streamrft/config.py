@@ -438,6 +438,10 @@ class ReplayConfig(Section):
 
 class TrainerConfig(Section):
     engine: Literal["torch", "deepspeed"] = "torch"
+    device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?|mps)$")
+    """Where the policy, the reference model, the critic and the teacher live, online and offline:
+    `cpu`, `cuda`, `cuda:N`; None: this process's GPU when one is visible (under DeepSpeed each
+    rank's local one), else the CPU."""
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     batch_groups: int = Field(4, ge=1)
     """Groups (tasks) per optimiser step."""

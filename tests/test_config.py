@@ -300,6 +300,7 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["trainer.mini_batches=33", "trainer.batch_groups=4", "explorer.group_size=8"],
      "trainer.mini_batches=33 is more than the trajectories of a batch (trainer.batch_groups x "
      "explorer.group_size = 32)"),
+    (["trainer.device=gpu"], "trainer.device: String should match pattern"),
     (["trainer.autocast=float32"], "trainer.autocast: Input should be 'bfloat16' or 'float16'"),
     (["explorer.engine.dtype=int8"], "explorer.engine.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
 ])

@@ -62,33 +62,35 @@ class ReinforcePP:
 class GAECritic:
     """PPO with a value model: GAE advantages per token, critic updated once per batch."""
 
-    def __init__(self, cfg: RunConfig, params: dict):
+    def __init__(self, cfg: RunConfig, params: dict, device: str = "cpu"):
         self.gamma, self.lam = params.get("gamma", 1.0), params.get("lam", 1.0)
         self.vf_clip = params.get("vf_clip", 0.2)
-        self.critic = ValueModel(cfg.model.path, cfg.model.dtype)
+        self.device = device
+        self.critic = ValueModel(cfg.model.path, cfg.model.dtype).to(device)
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=params.get("critic_lr", cfg.trainer.lr))
 
     def __call__(self, batch: Batch, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         from streamrft.engine.algorithms import gae, value_loss
 
         self.critic.train()
+        home, batch = batch.mask.device, batch.to(self.device)
         values = self.critic(batch)
         rewards = outcome_token_rewards(batch)
         if kl_penalty is not None:
-            rewards = rewards - kl_penalty
+            rewards = rewards - kl_penalty.to(self.device)
         advantages, returns = gae(rewards, values.detach(), batch.mask, self.gamma, self.lam)
         loss, metrics = value_loss(values, values.detach(), returns, batch.mask, clip=self.vf_clip)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.critic.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return advantages.detach(), {"value_loss": float(loss.detach()), **metrics}
+        return advantages.detach().to(home), {"value_loss": float(loss.detach()), **metrics}
 
     def save(self, directory) -> None:
         torch.save({"critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict()}, directory / "critic.pt")
 
     def load(self, directory) -> None:
-        state = torch.load(directory / "critic.pt", weights_only=True)
+        state = torch.load(directory / "critic.pt", weights_only=True, map_location=self.device)
         self.critic.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state["optimizer"])
 
@@ -96,13 +98,14 @@ class GAECritic:
 class TeacherOPD:
     """On-policy distillation: advantage_t = log p_teacher(y_t) - log p_behaviour(y_t)."""
 
-    def __init__(self, cfg: RunConfig, params: dict):
+    def __init__(self, cfg: RunConfig, params: dict, device: str = "cpu"):
         from streamrft.engine.models import load_policy
 
         path = params.get("teacher_path")
         if not path:
             raise ValueError("algorithm.advantage.params.teacher_path must name the teacher model for type 'opd'")
-        self.teacher, _ = load_policy(path, dtype=cfg.model.dtype)
+        self.teacher, _ = load_policy(path, dtype=cfg.model.dtype, device=device)
+        self.device = device
         self.teacher.requires_grad_(False)
         self.temperature = cfg.explorer.sampling.temperature or 1.0
 
@@ -110,12 +113,15 @@ class TeacherOPD:
     def __call__(self, batch: Batch, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         from streamrft.engine.algorithms import opd
 
-        teacher, _ = token_logprobs(self.teacher, batch, self.temperature)
+        teacher, _ = token_logprobs(self.teacher, batch.to(self.device), self.temperature)
+        teacher = teacher.to(batch.mask.device)
         adv = opd(teacher, batch.old_logprobs, batch.mask)
         return adv, {"teacher_student_logratio": float((adv * batch.mask).sum() / batch.mask.sum().clamp(min=1))}
 
 
-def make_batch_advantage(cfg: RunConfig):
+def make_batch_advantage(cfg: RunConfig, device: str = "cpu"):
+    """The trainer's batch-level advantage (None: stream ops computed group advantages); a critic or a
+    teacher lives on `device` and hands its results back on the batch's device."""
     from streamrft.engine.algorithms import PRESETS
 
     name = cfg.algorithm.advantage.type or PRESETS[cfg.algorithm.type]["advantage"]
@@ -125,7 +131,7 @@ def make_batch_advantage(cfg: RunConfig):
     if name == "reinforce_pp":
         return ReinforcePP(params)
     if name == "gae":
-        return GAECritic(cfg, params)
+        return GAECritic(cfg, params, device)
     if name == "opd":
-        return TeacherOPD(cfg, params)
+        return TeacherOPD(cfg, params, device)
     return None

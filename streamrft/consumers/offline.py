@@ -66,7 +66,7 @@ def batches(n: int, size: int, seed: int, shuffle: bool = True) -> Iterator[list
 
 class OfflineTrainer:
     def __init__(self, cfg: RunConfig):
-        from streamrft.engine.models import load_policy
+        from streamrft.engine.models import load_policy, resolve_device
         from streamrft.engine.training import make_train_engine
 
         algo = cfg.algorithm
@@ -82,26 +82,27 @@ class OfflineTrainer:
         self.params = dict(algo.policy_loss.params)
         self.agg_mode = algo.aggregation or PRESETS[algo.type]["aggregation"]
         self.loss = {"sft": self._sft, "dpo": self._dpo, "kto": self._kto}[algo.type]
-        self.model, self.tokenizer = load_policy(ensure_model(cfg), dtype=cfg.model.dtype)
+        self.device = resolve_device(cfg.trainer.device)
+        self.model, self.tokenizer = load_policy(ensure_model(cfg), dtype=cfg.model.dtype, device=self.device)
         self.data = load_offline_dataset(cfg.data.train, self.tokenizer)
         if self.data.shape not in SHAPES_FOR[algo.type]:
             raise ValueError(f"{cfg.data.train} holds {self.data.shape!r} data; algorithm.type={algo.type!r} "
                              f"trains on {list(SHAPES_FOR[algo.type])}")
         self.ref_model = None
         if algo.type != "sft":
-            self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+            self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype, device=self.device)
             self.ref_model.requires_grad_(False)
         self.engine = make_train_engine(cfg.trainer, self.model)
         self.pad_id = self.tokenizer.pad_token_id
 
     def _seq_logps(self, model, pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
         """Per-sequence completion log-probs `[len(pairs)]` (teacher forcing, one forward)."""
-        seqs = collate_sequences(pairs, self.pad_id)
+        seqs = collate_sequences(pairs, self.pad_id).to(self.device)
         logp, _ = token_logprobs(model, seqs)
         return sequence_logps(logp, seqs.mask)
 
     def _sft(self, examples: list[OfflineExample]) -> tuple[torch.Tensor, dict[str, float]]:
-        seqs = collate_sequences([(e.prompt_ids, e.completion_ids) for e in examples], self.pad_id)
+        seqs = collate_sequences([(e.prompt_ids, e.completion_ids) for e in examples], self.pad_id).to(self.device)
         logp, _ = token_logprobs(self.model, seqs)
         return sft_loss(logp, seqs.mask, self.agg_mode, **self.params), {"nll": masked_mean(-logp, seqs.mask)}
 
@@ -127,7 +128,7 @@ class OfflineTrainer:
             ref_all = self._seq_logps(self.ref_model, pairs + kl_pairs)
         ref, kl_ref_logps = ref_all[: len(pairs)], ref_all[len(pairs):]
         z0 = kto_kl_ref(kl_policy, kl_ref_logps)
-        labels = torch.tensor([e.label for e in examples])
+        labels = torch.tensor([e.label for e in examples], device=self.device)
         losses = OFFLINE_LOSSES["kto"](logps, ref, labels, z0, **self.params)
         return losses.mean(), {"kl_ref": float(z0), "desirable_frac": float(labels.float().mean())}
 

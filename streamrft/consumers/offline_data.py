@@ -57,6 +57,9 @@ class SeqBatch:
     attention_mask: torch.Tensor
     mask: torch.Tensor
 
+    def to(self, device) -> "SeqBatch":
+        return SeqBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device))
+
 
 def detect_shape(columns: list[str], path: str, shape: str | None = None) -> str:
     """The shape `columns` hold (or check that they hold the forced `shape`)."""

@@ -85,7 +85,7 @@ class Objective:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, stop: threading.Event | None = None):
-        from streamrft.engine.models import load_policy
+        from streamrft.engine.models import load_policy, resolve_device
         from streamrft.engine.training import make_train_engine
 
         torch.manual_seed(cfg.trainer.seed)
@@ -94,7 +94,8 @@ class Trainer:
         self.stop = stop or threading.Event()
         self.id = f"trainer-{os.getpid()}"
         self.ckpt_dir = Path(self.tc.checkpoint_dir or Path(cfg.output_dir) / "trainer")
-        model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+        self.device = resolve_device(self.tc.device)
+        model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype, device=self.device)
         self.engine = make_train_engine(self.tc, model, cfg.model.lora)
         self.model = self.engine.model  # with LoRA: wrapped with its adapters
         self.is_main = getattr(self.engine, "is_main", True)
@@ -113,7 +114,7 @@ class Trainer:
         self.counts = Counts(**self.state.counts)
         self.ref_model = None
         self.objective = Objective(cfg)
-        self.batch_advantage = make_batch_advantage(cfg)
+        self.batch_advantage = make_batch_advantage(cfg, self.device)
         if found is not None and hasattr(self.batch_advantage, "load"):
             self.batch_advantage.load(found[0])
         self.reward_kl = None
@@ -122,7 +123,7 @@ class Trainer:
 
             self.reward_kl = KL_ESTIMATORS[cfg.algorithm.kl.estimator]
         if self.objective.kl_fn is not None or self.reward_kl is not None:
-            self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype)
+            self.ref_model, _ = load_policy(cfg.model.path, dtype=cfg.model.dtype, device=self.device)
             self.ref_model.eval().requires_grad_(False)
         ns = cfg.namespace
         self.replay = self.tc.replay
@@ -298,8 +299,8 @@ class Trainer:
             penalty = None
             if self.reward_kl is not None:  # KL to the reference as a per-token reward penalty
                 with torch.no_grad():
-                    ref, _ = token_logprobs(self.ref_model, batch, temperature)
-                kl = self.reward_kl(batch.old_logprobs, ref) * batch.mask
+                    ref, _ = token_logprobs(self.ref_model, batch.to(self.device), temperature)
+                kl = self.reward_kl(batch.old_logprobs, ref.to(batch.mask.device)) * batch.mask
                 penalty = self.cfg.algorithm.kl.coef * kl
                 metrics["reward_kl"] = float(kl.sum() / batch.mask.sum().clamp(min=1))
             batch.advantages, extra = self.batch_advantage(batch, penalty)

@@ -7,6 +7,7 @@ loads any HF causal LM directory, the demo's or a real one.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -81,6 +82,16 @@ def build_tiny_model(
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return model
+
+
+def resolve_device(name: str | None = None) -> str:
+    """`name` when given, else where this process trains: its GPU when one is visible (under
+    torchrun, the one of its LOCAL_RANK), else the CPU."""
+    if name:
+        return name
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cpu"
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
