@@ -97,9 +97,11 @@ def run(config_path: str, overrides: list[str]) -> int:
     from streamrft.infra.stack import embedded_stack, resolve_clients
 
     t_start = time.monotonic()
-    # `kill PID` stops a run as Ctrl-C does: every role, then the stack it started (by default
-    # SIGTERM would end the launcher alone and leave its roles and the stack running)
+    # Ctrl-C and `kill PID` stop every role, then the stack it started. Both are set here: by default
+    # SIGTERM would end the launcher alone and leave its roles and the stack running, and a launcher
+    # started in the background by a script inherits SIGINT ignored
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = load_config(config_path, overrides)
     run_name = f"{cfg.namespace}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg.namespace = run_name
