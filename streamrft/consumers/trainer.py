@@ -135,6 +135,7 @@ class Trainer:
         self.next_offsets = dict(self.state.offsets)  # past every record of the batches trained so far
         self.position = dict(self.next_offsets)       # past every record taken off `pending`
         self.trained_since_ckpt: list[str] = []
+        self.update_metrics: list[dict[str, float]] = []  # one per optimiser update of the last step
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
@@ -320,7 +321,7 @@ class Trainer:
         prox = self._logprobs(local, temperature, autocast, device) if updates > 1 and \
             self.objective.loss_name == "decoupled_ppo" else None
         order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)
-        self.update_metrics = []  # one dict per optimiser update of this step
+        self.update_metrics = []
         for _ in range(self.tc.ppo_epochs):
             rows = torch.randperm(len(local), generator=order).tolist() if self.tc.mini_batches > 1 \
                 else list(range(len(local)))

@@ -57,8 +57,7 @@ class TransformersEngine:
         stop_ids = [self.tokenizer.eos_token_id, *params.stop_token_ids]
         width = max(len(p) for p in prompts)
         rows = [p for p in prompts for _ in range(params.n)]
-        input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in rows], device=self.device)
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        input_ids, attention_mask = self._left_padded(rows, width)
         greedy = params.temperature == 0
         sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
         config = GenerationConfig(
@@ -86,14 +85,19 @@ class TransformersEngine:
             completions.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason))
         return [completions[i : i + params.n] for i in range(0, len(completions), params.n)]
 
+    def _left_padded(self, rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask) of `rows` left-padded to `width`."""
+        pad_id = self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        return ids, mask
+
     def _shared_prefill(self, prompts: list[list[int]], width: int, n: int) -> DynamicCache | None:
         """The KV cache of each left-padded prompt but its last token, computed once and repeated
         n times (rows in `_generate_batch`'s order); None when there is nothing to share."""
         if n == 1 or width < 2:
             return None
-        pad_id = self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=self.device)[:, :-1]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)[:, :-1]
+        ids, mask = (t[:, :-1] for t in self._left_padded(prompts, width))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` numbers left-padded rows
         cache = DynamicCache()
         self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
