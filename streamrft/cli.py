@@ -157,7 +157,7 @@ def cmd_topics(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     kafka, _ = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
-    topics = run_topics(kafka, cfg.namespace, [cfg.explorer.team])
+    topics = run_topics(kafka, cfg.namespace, cfg.teams)
     created = set(ensure_topics(kafka, topics))
     for name, spec in topics.items():
         print(f"{'created' if name in created else 'exists '} {name} partitions={spec.num_partitions}")
@@ -190,6 +190,13 @@ def cmd_explore(args) -> int:
     from streamrft.producers.explorer import run_explorer
 
     return run_explorer(_role_config(args), args.index)
+
+
+def cmd_serve(args) -> int:
+    _logging()
+    from streamrft.producers.gateway import serve
+
+    return serve(_role_config(args))
 
 
 def cmd_train(args) -> int:
@@ -272,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
     p.set_defaults(fn=cmd_explore)
+    p = sub.add_parser("serve", help="run the rollout gateway: an OpenAI-compatible endpoint for other teams' agents")
+    _config_args(p)
+    p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("replay", help="train on a retained experiences topic of another run, to its end")
     _config_args(p)
     p.add_argument("--source", required=True, help="namespace of the run whose experiences are replayed")

@@ -283,10 +283,10 @@ class EnvConfig(Section):
 
 
 class ExplorerConfig(Section):
-    num_explorers: int = Field(2, ge=1)
+    num_explorers: int = Field(2, ge=0)
     """Explorers `streamrft run` starts. Explorers may join and leave a run at will: task shards
     and shares of the admission headroom follow the explorers present (see `num_slots`), not this
-    number."""
+    number. 0: a run whose rollouts all come through the gateway (`gateway.enabled`)."""
     num_slots: int = Field(64, ge=1, le=4096)
     """Partitions of `<ns>.explorer-slots`, the unit in which the `<ns>.explorer-members` group
     shares tasks and admission headroom among the explorers present (more explorers than slots:
@@ -484,6 +484,52 @@ class TrainerConfig(Section):
     (the samples come from another run's versions), stop at the topic's end."""
 
 
+class GatewayTeam(Section):
+    """A team that trains through the gateway: its key decides its rollouts topic `<ns>.rollouts.<name>`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=200)
+    """Letters, digits, '.', '_', '-' (it names a topic)."""
+    key_env: str | None = None
+    """The environment variable holding the team's API key (read by the gateway at start)."""
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    """Or the SHA-256 of the key, lowercase hex: the config never holds the key itself."""
+
+    @model_validator(mode="after")
+    def _one_key(self) -> "GatewayTeam":
+        if (self.key_env is None) == (self.key_sha256 is None):
+            raise ValueError(f"team {self.name!r} needs exactly one of key_env, key_sha256")
+        return self
+
+
+class GatewayConfig(Section):
+    """The rollout gateway (`streamrft serve`): the policy behind an OpenAI-compatible endpoint, and
+    the episodes other teams' agents run through it published as RolloutGroups (docs/gateway.md)."""
+
+    enabled: bool = False
+    """`streamrft run` starts the gateway too."""
+    host: str = "127.0.0.1"
+    port: int = Field(8000, **_PORT)
+    teams: list[GatewayTeam] = Field(default_factory=list)
+    group_size: int | None = Field(None, ge=1)
+    """Episodes of one group (None: `explorer.group_size`); a client may name its own per group."""
+    group_timeout_s: float = Field(600.0, gt=0, **_FINITE)
+    """A group not complete this long after it started is published with the episodes finished
+    by then (none finished: dropped); its unfinished episodes expire."""
+    episode_timeout_s: float = Field(300.0, gt=0, **_FINITE)
+    """An episode with no call and no finish for this long expires (counted, dropped)."""
+    max_open_episodes: int = Field(4096, ge=1)
+    """Open episodes at most; a new one beyond gets 429."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Default `max_tokens` of a request (None: `explorer.sampling.max_new_tokens`)."""
+    max_context: int | None = Field(None, ge=2)
+    """Prompt + completion tokens at most (None: `explorer.max_total_tokens`)."""
+    batch_wait_ms: float = Field(5.0, ge=0, le=1000, **_FINITE)
+    """How long the engine waits after a request for others to batch with it."""
+    evaluate: bool = False
+    """Evaluate held-out every `eval.every_versions` as explorers do (a run whose only producer is
+    the gateway: `explorer.num_explorers: 0`)."""
+
+
 class EvalConfig(Section):
     every_versions: int = Field(5, ge=0)
     """Evaluate greedy reward on `data.eval` every this many versions (0 = start and end only)."""
@@ -514,6 +560,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     stages: list[StageConfig] = Field(default_factory=list)
     max_wall_s: float | None = Field(None, gt=0, **_FINITE)
     """Stop the run after this many seconds (None = at trainer.max_steps)."""
@@ -523,6 +570,22 @@ class RunConfig(Section):
         """Where this run's weight versions live in the bucket: `<namespace>/<model.name>/v<N>/`,
         so runs sharing one S3 store never overwrite each other's versions."""
         return f"{self.namespace}/{self.model.name}"
+
+    @property
+    def teams(self) -> list[str]:
+        """Every team producing into this run: the explorers' and the gateway's."""
+        return list(dict.fromkeys([self.explorer.team, *(t.name for t in self.gateway.teams)]))
+
+    @model_validator(mode="after")
+    def _producers(self) -> "RunConfig":
+        if self.explorer.num_explorers == 0 and not self.gateway.enabled:
+            raise ValueError("explorer.num_explorers=0 needs gateway.enabled=true: nothing would produce rollouts")
+        if self.gateway.enabled and not self.gateway.teams:
+            raise ValueError("gateway.enabled=true needs gateway.teams: at least one team with key_env or key_sha256")
+        names = [t.name for t in self.gateway.teams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gateway.teams: team names repeat ({names})")
+        return self
 
     @model_validator(mode="after")
     def _updates(self) -> "RunConfig":

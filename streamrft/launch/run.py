@@ -136,14 +136,15 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         cfg = prepare(cfg)
         resolved = out / "config.yaml"
         resolved.write_text(dump_config(cfg))
-        ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, [cfg.explorer.team]))
+        ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
         eval_start = final_eval(cfg, None)
         print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
 
         logs = out / "logs"
         commands = {"trainer": ["train", str(resolved)], "stream-ops": ["score", str(resolved)],
                     **{f"explorer-{i}": ["explore", str(resolved), "--index", str(i)]
-                       for i in range(cfg.explorer.num_explorers)}}
+                       for i in range(cfg.explorer.num_explorers)},
+                    **({"gateway": ["serve", str(resolved)]} if cfg.gateway.enabled else {})}
         for name, args in commands.items():
             procs[name] = _spawn(args, logs / f"{name}.log")
         restarts = dict.fromkeys(commands, 0)

@@ -49,6 +49,8 @@ class AdmissionLog:
         self._producer = None
         self._sent = self._acked = 0  # ledgers published / the newest of them acknowledged
         self._last_publish = 0.0
+        self._open: dict[int, int] = {}  # open_group: weight version -> groups open with it
+        self._opening = threading.Lock()
 
     def start(self) -> "AdmissionLog":
         ensure_topics(self.kafka, {self.topic: run_topics(self.kafka, self.namespace)[self.topic]})
@@ -105,6 +107,50 @@ class AdmissionLog:
             self.produced += published
             self.in_flight = 0
             self._publish()
+
+    # ---- one group at a time, many open at once (the gateway) ----------------------------------
+    def open_group(self, version: int, room: Callable[[int, int, "int | None"], int], timeout: float = 30.0) -> bool:
+        """Start one more group made with weights `version` next to the groups this process has open
+        (`reserve`/`end` are for a batch at a time, this for a server's concurrent groups). True when
+        the records before the reservation leave room for all of them, the new one included; else
+        it is released at once. The ledger's `in_flight_version` is the oldest open group's."""
+        self._check()
+        offset: list[int] = []
+        with self._opening:  # one decision at a time: each sees the open groups before it
+            with self._lock:
+                self._open[version] = self._open.get(version, 0) + 1
+                self._set_in_flight()
+                self._publish(on_acked=lambda msg: offset.append(msg.offset()))
+            self._producer_flush(timeout)
+            ok = False
+            with self._read:
+                if offset and self._read.wait_for(lambda: offset[0] in self._before or self.failed is not None,
+                                                  timeout):
+                    ok = room(*self._before.pop(offset[0])) >= self.in_flight
+                if not ok:
+                    self._close(version)
+                    self._publish()
+        self._check()
+        return ok
+
+    def close_group(self, version: int, published: bool) -> None:
+        """An open group (opened with `version`) is over: acknowledged by the broker, or dropped."""
+        with self._lock:
+            self.produced += int(published)
+            self._close(version)
+            self._publish()
+
+    def _close(self, version: int) -> None:  # lock held
+        left = self._open.get(version, 0) - 1
+        if left > 0:
+            self._open[version] = left
+        else:
+            self._open.pop(version, None)
+        self._set_in_flight()
+
+    def _set_in_flight(self) -> None:  # lock held
+        self.in_flight = sum(self._open.values())
+        self.in_flight_version = min(self._open, default=0)
 
     # ---- internals (the lock held where noted) -------------------------------------------------
     def _check(self) -> None:

@@ -18,7 +18,7 @@ def feed_tasks(cfg: RunConfig, path: str | None = None, epochs: int = 1) -> int:
     if not path:
         raise ValueError("nothing to feed: give a file or set data.train")
     tasks = load_task_file(path, cfg.data.prompt_key, cfg.data.answer_key)
-    ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, [cfg.explorer.team]))
+    ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
     producer = make_producer(cfg.kafka)
     topic = topic_name(cfg.namespace, "tasks")
     for epoch in range(epochs):

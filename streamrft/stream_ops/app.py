@@ -369,7 +369,7 @@ def run_worker(cfg: RunConfig, worker_id: str, stop_after: float | None = None, 
     """
     from streamrft.infra.kafka import ensure_topics, run_topics
 
-    ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, teams=(cfg.explorer.team,)))
+    ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, teams=cfg.teams))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     app = make_app(cfg, worker_id)

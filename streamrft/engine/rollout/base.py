@@ -33,6 +33,8 @@ class SamplingParams:
     """Seeds one generate call (same seed, same weights, same prompts -> same samples)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Stop on these as well as the tokenizer's EOS; the stop token is kept in `token_ids`."""
+    top_logprobs: int = 0
+    """Also return this many most likely tokens of each step's sampling distribution (0 = none)."""
 
 
 @dataclass
@@ -44,6 +46,9 @@ class Completion:
     text: str
     """Decoded `token_ids` without special tokens."""
     finish_reason: Literal["stop", "length"]
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """With `SamplingParams.top_logprobs` = k: per token, the k most likely (token id, log-prob) of
+    the distribution it was sampled from, most likely first; None otherwise."""
 
 
 @runtime_checkable

@@ -74,15 +74,22 @@ class TransformersEngine:
                                   **({} if cache is None else {"past_key_values": cache}))
         new = res.sequences[:, width:]
         scores = torch.stack(res.scores, dim=1).float()  # (rows, steps, vocab); -inf where truncated
-        chosen = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        log_probs = torch.log_softmax(scores, dim=-1)
+        chosen = log_probs.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        tops = None
+        if params.top_logprobs > 0:
+            values, indices = log_probs.topk(min(params.top_logprobs, log_probs.shape[-1]), dim=-1)
+            tops = [[list(zip(i, v)) for i, v in zip(row_i, row_v)]
+                    for row_i, row_v in zip(indices.tolist(), values.tolist())]
         stop = set(stop_ids)
         completions = []
-        for ids, lps in zip(new.tolist(), chosen.tolist()):
+        for row, (ids, lps) in enumerate(zip(new.tolist(), chosen.tolist())):
             end = next((i + 1 for i, t in enumerate(ids) if t in stop), None)
             reason = "length" if end is None else "stop"
             ids, lps = ids[:end], lps[:end]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            completions.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason))
+            completions.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason,
+                                          top_logprobs=None if tops is None else tops[row][: len(ids)]))
         return [completions[i : i + params.n] for i in range(0, len(completions), params.n)]
 
     def _left_padded(self, rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,7 +84,8 @@ class VLLMEngine:
             max_tokens=params.max_new_tokens,
             seed=params.seed,
             stop_token_ids=stop_ids,
-            logprobs=1,  # the sampled token's log-prob is always among those returned
+            # the sampled token's log-prob is always among those returned, next to the k most likely
+            logprobs=max(1, params.top_logprobs),
             detokenize=False,
         )
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sp, use_tqdm=False,
@@ -95,9 +96,14 @@ class VLLMEngine:
             for o in out.outputs:
                 ids = list(o.token_ids)
                 lps = [o.logprobs[i][tok].logprob for i, tok in enumerate(ids)]
+                tops = None
+                if params.top_logprobs > 0:  # each step's dict: the k most likely by rank, and the sampled token
+                    tops = [sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank <= params.top_logprobs),
+                                   key=lambda x: -x[1]) for step in o.logprobs[: len(ids)]]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 reason = "stop" if o.finish_reason == "stop" else "length"
-                group.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason))
+                group.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason,
+                                        top_logprobs=tops))
             groups.append(group)
         return groups
 

@@ -1,0 +1,305 @@
+"""The HTTP side of the gateway: OpenAI-shaped endpoints on FastAPI, and the episode endpoints.
+
+- `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`: what the official `openai`
+  package calls. Sampling: n, temperature, top_p, top_k (extension), max_tokens (or
+  max_completion_tokens), stop, seed, logprobs / top_logprobs. `return_token_ids: true` adds
+  `prompt_token_ids` and each choice's `token_ids` (as vLLM names them). A response names the
+  weight version that served it in `system_fingerprint` (`v<N>`).
+- A call belongs to an episode when it names one: header `X-Episode-Id` (and `X-Group-Id`,
+  `X-Group-Size`), or the same names in the body (`episode_id`, `group_id`, `group_size`; the
+  `openai` package sends them with `extra_body`). Calls without an episode are served and not
+  recorded (e.g. an agent's own evaluation).
+- `POST /v1/episodes/{id}/finish` with `reward` or `rewards` (one per call), optional `task_id`,
+  `answer`, `metadata`, `finish_reason` closes an episode (`groups.py`).
+- `GET /health`: the served version (no key needed).
+Every other endpoint needs `Authorization: Bearer <team key>`; the key decides the team.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from streamrft.engine.rollout.base import Completion, SamplingParams
+from streamrft.producers.gateway.episodes import Call
+from streamrft.producers.gateway.groups import GatewayError, GroupStore
+from streamrft.producers.gateway.prompts import LastCall, PromptBuilder, PromptError, apply_stop, normalise
+from streamrft.producers.gateway.teams import TeamKeys
+from streamrft.producers.gateway.worker import EngineWorker
+
+log = logging.getLogger(__name__)
+
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+
+
+def _error(e: GatewayError) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(e.retry_after)))} if e.retry_after is not None else None
+    return JSONResponse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}},
+                        status_code=e.status, headers=headers)
+
+
+def _number(body: dict, name: str, default: Any, lo: float, hi: float, integer: bool = False) -> Any:
+    v = body.get(name)
+    if v is None:
+        return default
+    ok = (isinstance(v, int) if integer else isinstance(v, (int, float))) and not isinstance(v, bool)
+    if not ok or not lo <= v <= hi:
+        raise GatewayError(400, f"`{name}` must be {'an integer' if integer else 'a number'} in [{lo}, {hi}], got {v!r}",
+                           param=name)
+    return v
+
+
+class Gateway:
+    """The app's state: the engine thread, the open episodes, the team keys and limits."""
+
+    def __init__(self, worker: EngineWorker, store: GroupStore, keys: TeamKeys, *, model_name: str,
+                 max_tokens: int, max_context: int, can_start: "Any" = None, sweep_s: float = 1.0):
+        """`can_start()` -> (ok, why): whether an episode may start now on the served weights
+        (their staleness; admission decides the rest when its group opens)."""
+        self.worker, self.store, self.keys = worker, store, keys
+        self.model_name, self.max_tokens, self.max_context = model_name, max_tokens, max_context
+        self.tokenizer = worker.engine.tokenizer
+        self.prompts = PromptBuilder(self.tokenizer)
+        self.can_start = can_start or (lambda: (True, ""))
+        self.sweep_s = sweep_s
+        self.report: Any = None  # called on the event loop every `report_every_s` (the metrics)
+        self.report_every_s = 5.0
+        self.unauthorized = 0
+        self.created = int(time.time())
+
+    # ---- request parsing --------------------------------------------------------------------------
+    def team(self, request: Request) -> str:
+        team = self.keys.team_of(request.headers.get("authorization"))
+        if team is None:
+            self.unauthorized += 1
+            raise GatewayError(401, "missing or wrong API key (Authorization: Bearer <team key>)",
+                               type_="authentication_error", code="invalid_api_key")
+        return team
+
+    @staticmethod
+    def _episode_ids(request: Request, body: dict) -> tuple[str | None, str | None, int | None]:
+        def field(header: str, name: str) -> Any:
+            v = request.headers.get(header)
+            return v if v is not None else body.pop(name, None)
+
+        episode, group, size = field("x-episode-id", "episode_id"), field("x-group-id", "group_id"), \
+            field("x-group-size", "group_size")
+        for name, v in (("episode_id", episode), ("group_id", group)):
+            if v is not None and (not isinstance(v, str) or not 0 < len(v) <= 200):
+                raise GatewayError(400, f"`{name}` must be a string of 1-200 characters", param=name)
+        if group is not None and episode is None:
+            raise GatewayError(400, "a group id without an episode id: name the episode (X-Episode-Id)",
+                               param="episode_id")
+        if size is not None:
+            try:
+                size = int(size)
+            except (TypeError, ValueError):
+                size = 0
+            if not 1 <= size <= 4096:
+                raise GatewayError(400, "`group_size` must be an integer in [1, 4096]", param="group_size")
+        return episode, group, size
+
+    def _params(self, body: dict, chat: bool) -> tuple[SamplingParams, list[str], bool, int]:
+        n = _number(body, "n", 1, 1, MAX_N, integer=True)
+        max_tokens = _number(body, "max_completion_tokens", None, 1, self.max_context, integer=True)
+        max_tokens = _number(body, "max_tokens", max_tokens or self.max_tokens, 1, self.max_context, integer=True)
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, 1e-6, 1.0)
+        top_k = _number(body, "top_k", 0, 0, 1 << 20, integer=True)
+        seed = _number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
+        if chat:
+            want = body.get("logprobs") or False
+            if not isinstance(want, bool):
+                raise GatewayError(400, "`logprobs` must be a boolean", param="logprobs")
+            top = _number(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS, integer=True)
+            if top and not want:
+                raise GatewayError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        else:
+            lp = _number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
+            want, top = lp is not None, lp or 0
+            if body.get("echo"):
+                raise GatewayError(400, "`echo` is not supported", param="echo")
+        stop = body.get("stop")
+        stop = [stop] if isinstance(stop, str) else stop or []
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise GatewayError(400, "`stop` must be a string or a list of at most 4 non-empty strings", param="stop")
+        if body.get("stream"):
+            raise GatewayError(400, "streaming is not supported: send stream=false", param="stream")
+        params = SamplingParams(n=n, max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
+                                top_k=top_k, seed=seed, top_logprobs=top)
+        return params, stop, want, top
+
+    # ---- one generation, recorded under its episode --------------------------------------------
+    async def generate(self, request: Request, chat: bool) -> dict:
+        team = self.team(request)
+        try:
+            body = await request.json()
+        except Exception:
+            raise GatewayError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise GatewayError(400, "the body must be a JSON object")
+        episode_id, group_id, size = self._episode_ids(request, body)
+        params, stop, want_lp, top = self._params(body, chat)
+        if episode_id is not None and params.n != 1:
+            raise GatewayError(400, "n must be 1 within an episode: run n episodes of one group instead", param="n")
+        ep = None
+        if episode_id is not None:
+            if episode_id not in self.store.episodes:
+                ok, why = self.can_start()
+                if not ok:
+                    self.store.counters[team]["rejected_stale"] += 1
+                    raise GatewayError(429, why, type_="rate_limit_error", code="stale_weights", retry_after=1.0)
+            ep = await self.store.episode(team, episode_id, group_id, size, self.worker.version)
+        last = ep.last if ep is not None else None
+        try:
+            if chat:
+                messages = normalise(body.get("messages"))
+                prompt_ids, prompt_text = self.prompts.chat_prompt(messages, last), None
+            else:
+                messages = None
+                prompt_ids, prompt_text = self.prompts.completion_prompt(body.get("prompt"), last)
+        except PromptError as e:
+            raise GatewayError(400, str(e), param=e.param) from None
+        if len(prompt_ids) + params.max_new_tokens > self.max_context:
+            raise GatewayError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_new_tokens}) is "
+                                    f"over the context the gateway serves ({self.max_context}, gateway.max_context)",
+                               param="max_tokens", code="context_length_exceeded")
+        if ep is not None:
+            self.store.begin(ep)
+        call = last_call = None
+        try:
+            gen = await self.worker.submit(prompt_ids, params)
+            cut = [apply_stop(self.tokenizer, c.token_ids, c.logprobs, stop, c.top_logprobs) for c in gen.completions]
+            if ep is not None:
+                (ids, lps, text, by_string, _), c = cut[0], gen.completions[0]
+                reason = "stop" if by_string else c.finish_reason
+                call = Call(prompt_ids, ids, lps, gen.version, reason)
+                stopped = reason == "stop" and not by_string and bool(ids)
+                full = self.tokenizer.decode(ids, skip_special_tokens=True)
+                last_call = LastCall(prompt_ids, ids, text if chat else full, stopped, prompt_text, messages)
+        finally:
+            if ep is not None:
+                self.store.record(ep, call, last_call)
+        counters = self.store.counters[team]
+        counters["requests"] += 1
+        counters["prompt_tokens"] += len(prompt_ids)
+        counters["completion_tokens"] += sum(len(c[0]) for c in cut)
+        return self._response(chat, gen.version, prompt_ids, gen.completions, cut, want_lp, top,
+                              bool(body.get("return_token_ids")))
+
+    # ---- OpenAI shapes --------------------------------------------------------------------------
+    def _token(self, tid: int) -> str:
+        return self.tokenizer.decode([tid], skip_special_tokens=False)
+
+    def _response(self, chat: bool, version: int, prompt_ids: list[int], completions: list[Completion],
+                  cut: list[tuple], want_lp: bool, top: int, token_ids: bool) -> dict:
+        choices = []
+        for i, (c, (ids, lps, text, by_string, tops)) in enumerate(zip(completions, cut)):
+            reason = "stop" if by_string else c.finish_reason
+            choice: dict[str, Any] = {"index": i, "finish_reason": reason}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+                choice["logprobs"] = None if not want_lp else {"content": [
+                    {"token": self._token(t), "logprob": lp, "bytes": list(self._token(t).encode()),
+                     "top_logprobs": [{"token": self._token(a), "logprob": alp, "bytes": list(self._token(a).encode())}
+                                      for a, alp in (tops[k] if tops else [])][:top]}
+                    for k, (t, lp) in enumerate(zip(ids, lps))]}
+            else:
+                choice["text"] = text
+                choice["logprobs"] = None if not want_lp else {
+                    "tokens": [self._token(t) for t in ids], "token_logprobs": lps,
+                    "top_logprobs": [{self._token(a): alp for a, alp in tops[k][:top]} for k in range(len(ids))]
+                    if tops else None,
+                    "text_offset": self._offsets(ids)}
+            if token_ids:
+                choice["token_ids"] = ids
+            choices.append(choice)
+        done = sum(len(c[0]) for c in cut)
+        out = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+               "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+               "model": self.model_name, "system_fingerprint": f"v{version}", "choices": choices,
+               "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": done,
+                         "total_tokens": len(prompt_ids) + done}}
+        if token_ids:
+            out["prompt_token_ids"] = prompt_ids
+        return out
+
+    def _offsets(self, ids: list[int]) -> list[int]:
+        out, pos = [], 0
+        for t in ids:
+            out.append(pos)
+            pos += len(self.tokenizer.decode([t], skip_special_tokens=True))
+        return out
+
+
+def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAPI:
+    """The ASGI app; `on_start`/`on_stop` run in its lifespan (the engine thread, watchers, metrics)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if on_start is not None:
+            await asyncio.to_thread(on_start)
+
+        async def sweeping() -> None:
+            reported = time.monotonic()
+            while True:
+                await asyncio.sleep(gw.sweep_s)
+                try:
+                    await gw.store.sweep()
+                    if gw.report is not None and time.monotonic() - reported >= gw.report_every_s:
+                        reported = time.monotonic()
+                        gw.report()
+                except Exception:
+                    log.exception("gateway sweep failed")
+
+        task = asyncio.create_task(sweeping())
+        try:
+            yield
+        finally:
+            task.cancel()
+            if on_stop is not None:
+                await asyncio.to_thread(on_stop)
+
+    app = FastAPI(title="streamrft rollout gateway", lifespan=lifespan)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, e: GatewayError) -> JSONResponse:
+        return _error(e)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": gw.model_name, "version": gw.worker.version}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        gw.team(request)
+        return {"object": "list", "data": [{"id": gw.model_name, "object": "model", "created": gw.created,
+                                            "owned_by": "streamrft"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> dict:
+        return await gw.generate(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> dict:
+        return await gw.generate(request, chat=False)
+
+    @app.post("/v1/episodes/{episode_id}/finish")
+    async def finish(episode_id: str, request: Request) -> dict:
+        team = gw.team(request)
+        try:
+            body = await request.json()
+        except Exception:
+            raise GatewayError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise GatewayError(400, "the body must be a JSON object")
+        return await gw.store.finish(team, episode_id, body)
+
+    return app

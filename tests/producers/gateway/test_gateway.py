@@ -1,0 +1,156 @@
+"""The gateway on the real stack, over real HTTP, through the official `openai` client.
+
+The tiny char model serves (no chat template: the completions API); `test_chat.py` runs the chat
+API on SmolLM2. Checks: keys decide teams (401 without or with a wrong key; a key reaches its own
+team's topic only); token fidelity (recorded log-probs equal a teacher-forced forward of the
+recorded ids); concatenated and step-wise assembly; a group is published only when complete and
+only once; an expired episode is counted and dropped.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+import torch
+
+from streamrft.schemas import RolloutGroup, decode, topic_name
+from tests_helpers import read_all
+
+from gateway_helpers import KEYS
+
+
+def _groups(served, team: str) -> list[RolloutGroup]:
+    return [decode(m.value(), RolloutGroup) for m in read_all(served.cfg.kafka, topic_name(served.cfg.namespace,
+                                                                                          "rollouts", team))]
+
+
+def _finish(served, episode: str, body: dict, key: str = KEYS["agents"]) -> httpx.Response:
+    return httpx.post(f"{served.url}/v1/episodes/{episode}/finish", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def _episode(client, prompt: str, episode: str, group: str, size: int = 2, **kw):
+    return client.completions.create(model="policy", prompt=prompt, max_tokens=4, logprobs=0,
+                                     extra_headers={"X-Episode-Id": episode, "X-Group-Id": group,
+                                                    "X-Group-Size": str(size)}, **kw)
+
+
+def test_a_key_decides_the_team_and_nothing_else_gets_in(served):
+    import openai
+
+    assert [m.id for m in served.client().models.list().data] == ["policy"]
+    for key in (None, "sk-wrong"):
+        headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+        r = httpx.post(f"{served.url}/v1/completions", json={"prompt": "abc", "max_tokens": 2}, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    from openai import OpenAI
+
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=served.url + "/v1", api_key="sk-wrong", max_retries=0).completions.create(
+            model="policy", prompt="abc", max_tokens=2)
+    # the lab's key finishes its own episode into its own topic; the agents' key cannot touch it
+    lab, agents = served.client("lab"), served.client("agents")
+    gid, e1, e2 = (uuid.uuid4().hex for _ in range(3))
+    _episode(lab, "abc", e1, gid)
+    with pytest.raises(openai.NotFoundError):
+        agents.completions.create(model="policy", prompt="abc", max_tokens=2,
+                                  extra_headers={"X-Episode-Id": e1})  # not the agents' episode: not found
+    with pytest.raises(openai.ConflictError):
+        _episode(agents, "abc", e2, gid)  # nor their group
+    assert _finish(served, e1, {"reward": 1.0}, KEYS["agents"]).status_code == 404
+    e3 = uuid.uuid4().hex
+    _episode(lab, "abd", e3, gid)
+    assert _finish(served, e1, {"reward": 1.0}, KEYS["lab"]).json()["status"] == "pending"
+    assert _finish(served, e3, {"reward": 0.0}, KEYS["lab"]).json()["status"] == "published"
+    assert [g.group_id for g in _groups(served, "lab")] == [gid]
+    assert gid not in {g.group_id for g in _groups(served, "agents")}
+
+
+def _teacher_forced(engine, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids).unsqueeze(-1)).squeeze(-1)
+
+
+def test_a_multi_turn_episode_is_one_concatenated_trajectory_with_the_sampled_log_probs(served):
+    client, gid = served.client(), uuid.uuid4().hex
+    episodes, texts = [uuid.uuid4().hex, uuid.uuid4().hex], {}
+    for e in episodes:  # two turns each: the second prompt continues the first call's text
+        first = _episode(client, "abc", e, gid, seed=1)
+        assert first.system_fingerprint == "v0"
+        turn = "abc" + first.choices[0].text + "cb"
+        second = _episode(client, turn, e, gid)
+        texts[e] = (first, second)
+    before = {g.group_id for g in _groups(served, "agents")}
+    assert gid not in before
+    assert _finish(served, episodes[0], {"rewards": [0.25, 0.5], "task_id": "t-1"}).json()["status"] == "pending"
+    assert gid not in {g.group_id for g in _groups(served, "agents")}, "published before the group was complete"
+    answer = _finish(served, episodes[1], {"reward": 1.0, "task_id": "t-1", "metadata": {"env": "test"}}).json()
+    assert answer["status"] == "published"
+    assert _finish(served, episodes[1], {"reward": 1.0}).json() == answer  # repeated: same answer, no new group
+    published = [g for g in _groups(served, "agents") if g.group_id == gid]
+    assert len(published) == 1
+    group = published[0]
+    assert group.task.task_id == "t-1" and len(group.trajectories) == 2
+    tok = served.engine.tokenizer
+    for traj, e in zip(group.trajectories, episodes):
+        assert traj.info["assembly"] == "concatenated" and traj.info["episode_id"] == e
+        first, second = texts[e]
+        # ids exactly as sampled: the first turn's tokens (its EOS included when it stopped) sit in
+        # the response verbatim, followed by the new text's ids (mask 0), then the second turn's
+        mask = traj.loss_mask
+        assert traj.prompt_ids == tok("abc")["input_ids"]
+        assert tok.decode(traj.response_ids, skip_special_tokens=True) == first.choices[0].text + "cb" + second.choices[0].text
+        gap = tok("cb", add_special_tokens=False)["input_ids"]
+        n1 = mask.index(0)
+        assert mask == [1] * n1 + [0] * len(gap) + [1] * (len(mask) - n1 - len(gap))
+        assert traj.response_ids[n1: n1 + len(gap)] == gap
+        assert [round(lp, 6) for lp in traj.logprobs[:n1]][: len(first.choices[0].logprobs.token_logprobs)] == \
+            [round(lp, 6) for lp in first.choices[0].logprobs.token_logprobs][:n1]
+        # fidelity: the recorded log-probs are the policy's at v0 (temperature 1): teacher-forced
+        forward = _teacher_forced(served.engine, traj.prompt_ids, traj.response_ids)
+        sampled = torch.tensor(traj.logprobs)[torch.tensor(mask) == 1]
+        assert (forward[torch.tensor(mask) == 1] - sampled).abs().max().item() <= 1e-4
+        assert traj.model_version == 0 and traj.info["versions"] == [0, 0]
+    assert group.trajectories[0].info["step_rewards"] == [0.25, 0.5] and group.trajectories[0].env_reward == 0.75
+    assert group.trajectories[1].info["step_rewards"] == [0.0, 1.0]
+
+
+def test_a_prompt_that_does_not_continue_the_episode_makes_it_step_wise(served):
+    client, gid, e = served.client(), uuid.uuid4().hex, uuid.uuid4().hex
+    _episode(client, "abc", e, gid, size=1)
+    _episode(client, "xyz", e, gid, size=1)  # not the first prompt + completion: a fresh prompt
+    assert _finish(served, e, {"reward": 0.5}).json()["status"] == "published"
+    group = next(g for g in _groups(served, "agents") if g.group_id == gid)
+    steps = group.trajectories
+    assert [t.info["assembly"] for t in steps] == ["step_wise", "step_wise"]
+    assert [t.info["step"] for t in steps] == [0, 1] and all(t.env_reward == 0.5 for t in steps)
+    tok = served.engine.tokenizer
+    assert steps[1].prompt_ids == tok("xyz")["input_ids"] and all(t.loss_mask is None for t in steps)
+
+
+def test_an_idle_episode_expires_and_its_group_publishes_what_finished(served):
+    store = served.gw.store
+    client, gid, e1, e2 = served.client(), uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
+    _episode(client, "abc", e1, gid)
+    _episode(client, "abd", e2, gid)
+    assert _finish(served, e1, {"reward": 1.0}).json()["status"] == "pending"
+    expired = store.counters["agents"]["episodes_expired"]
+    old, store.episode_timeout_s = store.episode_timeout_s, 0.5
+    try:
+        deadline = time.monotonic() + 30
+        while gid in store.groups and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        store.episode_timeout_s = old
+    assert store.counters["agents"]["episodes_expired"] == expired + 1
+    assert e2 not in store.episodes and gid not in store.groups
+    group = next(g for g in _groups(served, "agents") if g.group_id == gid)
+    assert [t.info["episode_id"] for t in group.trajectories] == [e1]
+    r = httpx.post(f"{served.url}/v1/completions", json={"prompt": "abc", "max_tokens": 2},
+                   headers={"Authorization": f"Bearer {KEYS['agents']}", "X-Episode-Id": e2})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "episode_over"
+    assert _finish(served, e2, {"reward": 1.0}).json()["status"] == "expired"
