@@ -29,16 +29,27 @@ class RunView:
     evals: list[tuple[float, int, float]] = field(default_factory=list)  # (wall_s, version, reward)
     train_rewards: list[tuple[float, int, float]] = field(default_factory=list)
     lag: dict[str, int] = field(default_factory=dict)  # role -> records behind its committed offsets
+    gateway: dict[str, dict[str, float]] = field(default_factory=dict)  # "<gateway id>:<team>" -> its counters
+
+    @property
+    def trajectories(self) -> int:
+        """Published by explorers and through the gateway."""
+        return int(sum(e.get("trajectories", 0) for e in self.explorers.values())
+                   + sum(g.get("trajectories", 0) for g in self.gateway.values()))
 
     def line(self) -> str:
         t = self.trainer
-        traj = sum(e.get("trajectories", 0) for e in self.explorers.values())
         rate = sum(e.get("traj_per_s", 0) for e in self.explorers.values())
         ev = f"{self.evals[-1][2]:.3f}@v{self.evals[-1][1]}" if self.evals else "-"
+        gw = ""
+        if self.gateway:
+            total = lambda k: int(sum(g.get(k, 0) for g in self.gateway.values()))  # noqa: E731
+            gw = (f"  gateway: episodes {total('episodes_finished')} open {total('open_episodes')} "
+                  f"expired {total('episodes_expired')} 429 {total('rejected_admission') + total('rejected_stale')}")
         return (f"[{time.time() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
                 f"eval {ev:>11}  train_reward {t.get('reward_mean', float('nan')):.3f}  "
                 f"staleness {t.get('staleness_mean', float('nan')):.2f} (stale {self._stale_pct():.0f}%)  lag {self._lag()}  "
-                f"trajectories {int(traj)} ({rate:.1f}/s)")
+                f"trajectories {self.trajectories} ({rate:.1f}/s){gw}")
 
     def _stale_pct(self) -> float:
         return stale_pct(int(self.trainer.get("count_trained", 0)), int(self.trainer.get("count_stale", 0)))
@@ -77,6 +88,9 @@ class MetricsFollower:
                 self.view.evals.append((now, int(m.values["version"]), m.values["eval_reward"]))
             elif m.role == "explorer":
                 self.view.explorers[m.role_id] = m.values
+            elif m.role == "gateway":
+                if ":" in m.role_id:  # a team's counters (the gateway's own figures have no team)
+                    self.view.gateway[m.role_id] = m.values
             else:
                 self.view.stream_ops[m.role_id] = m.values
             if self.writer is not None:

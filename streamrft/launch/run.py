@@ -194,7 +194,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     eval_end = final_eval(cfg, version)
     view.evals.append((time.time() - view.t0, version, eval_end))
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
-    trajectories = int(sum(e.get("trajectories", 0) for e in view.explorers.values()))
+    trajectories = view.trajectories
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
     from streamrft.launch.progress import stale_pct
 

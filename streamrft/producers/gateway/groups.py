@@ -77,10 +77,16 @@ class GroupState:
 
 
 class Remembered(collections.OrderedDict):
-    def remember(self, key: str, value: Any) -> None:
+    """A mapping that forgets its oldest entries beyond `limit`."""
+
+    def __init__(self, limit: int = REMEMBERED):
+        super().__init__()
+        self.limit = limit
+
+    def remember(self, key: Any, value: Any) -> None:
         self[key] = value
         self.move_to_end(key)
-        while len(self) > REMEMBERED:
+        while len(self) > self.limit:
             self.popitem(last=False)
 
 

@@ -9,6 +9,9 @@
   `X-Group-Size`), or the same names in the body (`episode_id`, `group_id`, `group_size`; the
   `openai` package sends them with `extra_body`). Calls without an episode are served and not
   recorded (e.g. an agent's own evaluation).
+- An eval episode (`X-Episode-Eval: true` with its `X-Episode-Id`, no group) continues its previous
+  call's ids as a training episode does, and is neither recorded nor published: an agent's greedy
+  evaluation sees the same token layout as its training episodes, and needs no finish.
 - `POST /v1/episodes/{id}/finish` with `reward` or `rewards` (one per call), optional `task_id`,
   `answer`, `metadata`, `finish_reason` closes an episode (`groups.py`).
 - `GET /health`: the served version (no key needed).
@@ -28,7 +31,7 @@ from fastapi.responses import JSONResponse
 
 from streamrft.engine.rollout.base import Completion, SamplingParams
 from streamrft.producers.gateway.episodes import Call
-from streamrft.producers.gateway.groups import GatewayError, GroupStore
+from streamrft.producers.gateway.groups import GatewayError, GroupStore, Remembered
 from streamrft.producers.gateway.prompts import LastCall, PromptBuilder, PromptError, apply_stop, normalise
 from streamrft.producers.gateway.teams import TeamKeys
 from streamrft.producers.gateway.worker import EngineWorker
@@ -72,6 +75,7 @@ class Gateway:
         self.report: Any = None  # called on the event loop every `report_every_s` (the metrics)
         self.report_every_s = 5.0
         self.unauthorized = 0
+        self.eval_episodes = Remembered(limit=10_000)  # (team, episode id) -> LastCall: eval episodes' last calls
         self.created = int(time.time())
 
     # ---- request parsing --------------------------------------------------------------------------
@@ -84,13 +88,15 @@ class Gateway:
         return team
 
     @staticmethod
-    def _episode_ids(request: Request, body: dict) -> tuple[str | None, str | None, int | None]:
+    def _episode_ids(request: Request, body: dict) -> tuple[str | None, str | None, int | None, bool]:
         def field(header: str, name: str) -> Any:
             v = request.headers.get(header)
             return v if v is not None else body.pop(name, None)
 
         episode, group, size = field("x-episode-id", "episode_id"), field("x-group-id", "group_id"), \
             field("x-group-size", "group_size")
+        evaluation = field("x-episode-eval", "episode_eval")
+        evaluation = evaluation in (True, "1", "true", "True")
         for name, v in (("episode_id", episode), ("group_id", group)):
             if v is not None and (not isinstance(v, str) or not 0 < len(v) <= 200):
                 raise GatewayError(400, f"`{name}` must be a string of 1-200 characters", param=name)
@@ -104,7 +110,9 @@ class Gateway:
                 size = 0
             if not 1 <= size <= 4096:
                 raise GatewayError(400, "`group_size` must be an integer in [1, 4096]", param="group_size")
-        return episode, group, size
+        if evaluation and (episode is None or group is not None):
+            raise GatewayError(400, "an eval episode names its episode id and no group", param="episode_eval")
+        return episode, group, size, evaluation
 
     def _params(self, body: dict, chat: bool) -> tuple[SamplingParams, list[str], bool, int]:
         n = _number(body, "n", 1, 1, MAX_N, integer=True)
@@ -145,19 +153,21 @@ class Gateway:
             raise GatewayError(400, "the body is not JSON") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "the body must be a JSON object")
-        episode_id, group_id, size = self._episode_ids(request, body)
+        episode_id, group_id, size, evaluation = self._episode_ids(request, body)
         params, stop, want_lp, top = self._params(body, chat)
         if episode_id is not None and params.n != 1:
             raise GatewayError(400, "n must be 1 within an episode: run n episodes of one group instead", param="n")
-        ep = None
-        if episode_id is not None:
+        ep, last = None, None
+        if evaluation:
+            last = self.eval_episodes.get((team, episode_id))
+        elif episode_id is not None:
             if episode_id not in self.store.episodes:
                 ok, why = self.can_start()
                 if not ok:
                     self.store.counters[team]["rejected_stale"] += 1
                     raise GatewayError(429, why, type_="rate_limit_error", code="stale_weights", retry_after=1.0)
             ep = await self.store.episode(team, episode_id, group_id, size, self.worker.version)
-        last = ep.last if ep is not None else None
+            last = ep.last
         try:
             if chat:
                 messages = normalise(body.get("messages"))
@@ -177,7 +187,7 @@ class Gateway:
         try:
             gen = await self.worker.submit(prompt_ids, params)
             cut = [apply_stop(self.tokenizer, c.token_ids, c.logprobs, stop, c.top_logprobs) for c in gen.completions]
-            if ep is not None:
+            if episode_id is not None:
                 (ids, lps, text, by_string, _), c = cut[0], gen.completions[0]
                 reason = "stop" if by_string else c.finish_reason
                 call = Call(prompt_ids, ids, lps, gen.version, reason)
@@ -187,6 +197,8 @@ class Gateway:
         finally:
             if ep is not None:
                 self.store.record(ep, call, last_call)
+        if evaluation and last_call is not None:
+            self.eval_episodes.remember((team, episode_id), last_call)
         counters = self.store.counters[team]
         counters["requests"] += 1
         counters["prompt_tokens"] += len(prompt_ids)
