@@ -56,8 +56,8 @@ def _host_path(service: dict, container_path: str) -> Path:
 
 def test_services(compose):
     services = compose["services"]
-    assert {"kafka", "kafka-teams", "minio", "minio-init", "prepare", "topics", "explorer-0", "stream-ops",
-            "trainer"} <= set(services)
+    assert {"kafka", "kafka-teams", "minio", "minio-init", "prepare", "topics", "explorer-0", "stream-ops", "trainer",
+            "gateway"} <= set(services)
     assert sorted(set(_roles(compose).values())) == sorted(ROLE_COMMANDS)
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
@@ -355,6 +355,22 @@ def test_topics_one_shot_creates_every_team_rollouts_topic(compose, tmp_path, en
     assert created == set(run_topics(base.kafka, base.namespace, [base.explorer.team, *teams]))
     _, acl_calls = _run_one_shot(compose["services"]["kafka-teams"], tmp_path, env)
     assert {grant[3] for grant in _acl_grants(acl_calls)} <= created
+
+
+def test_gateway_service(compose):
+    """The gateway role (`streamrft serve`) with the other roles' endpoints, listening on all addresses
+    on the published port 8000, with an API key variable per example team. Its command is not parsed
+    with the CLI here: add "serve" to ROLE_COMMANDS once the CLI has it."""
+    services = compose["services"]
+    gateway = services["gateway"]
+    assert gateway["command"][:3] == ["streamrft", "serve", "/config/run.yaml"]
+    assert gateway["command"][3:] == services["trainer"]["command"][3:] + ["gateway.host=0.0.0.0"]
+    assert "8000:8000" in gateway["ports"]
+    env = _service_env(gateway, {})
+    for team in KAFKA_TEAMS:
+        assert env[f"STREAMRFT_KEY_{re.sub(r'[^A-Z0-9]', '_', team.upper())}"], team
+    assert gateway["restart"] == "on-failure"
+    assert gateway["depends_on"]["topics"] == {"condition": "service_completed_successfully"}
 
 
 def test_deploy_config_loads_alone():
