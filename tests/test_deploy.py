@@ -1,13 +1,18 @@
 """docker-compose.yml and the Dockerfile, checked without Docker: the services exist, every role's
 command parses with the real CLI and points at a config that loads with its overrides; roles that
 finish stay finished, there is one explorer service per configured explorer, and the run's topics
-exist before any role starts (`streamrft topics`, tested here on the real embedded broker)."""
+exist before any role starts (`streamrft topics`, tested here on the real embedded broker). The
+teams' Kafka users and ACLs: the one-shots' shell scripts run here as compose would run them, with
+recording stand-ins for kafka-configs.sh, kafka-acls.sh and streamrft."""
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,11 +20,13 @@ import yaml
 
 from streamrft.cli import build_parser
 from streamrft.config import load_config
-from streamrft.infra.kafka import make_admin
+from streamrft.infra.kafka import make_admin, run_topics
+from streamrft.schemas import topic_name
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLE_COMMANDS = ("explore", "score", "train")
-ONE_SHOTS = ("kafka-users", "minio-init", "prepare", "topics")
+ONE_SHOTS = ("kafka-teams", "minio-init", "prepare", "topics")
+KAFKA_TEAMS = ("agents", "lab")  # the example teams of docker-compose.yml (STREAMRFT_KAFKA_TEAMS' default)
 
 
 def _read_compose() -> dict:
@@ -49,7 +56,8 @@ def _host_path(service: dict, container_path: str) -> Path:
 
 def test_services(compose):
     services = compose["services"]
-    assert {"kafka", "minio", "minio-init", "prepare", "topics", "explorer-0", "stream-ops", "trainer"} <= set(services)
+    assert {"kafka", "kafka-teams", "minio", "minio-init", "prepare", "topics", "explorer-0", "stream-ops", "trainer",
+            "gateway"} <= set(services)
     assert sorted(set(_roles(compose).values())) == sorted(ROLE_COMMANDS)
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
@@ -150,6 +158,219 @@ def test_streamrft_topics_creates_the_run_topics_idempotently(stack, namespace, 
     assert outputs[1] == {name: "exists" for name in expected}
     listed = make_admin(stack.kafka).list_topics(timeout=30).topics
     assert {name: len(listed[name].partitions) for name in expected if name in listed} == expected
+
+
+# --- teams producing straight to Kafka: SCRAM users, ACLs, their topics -------------------------------
+
+_INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?-)([^}]*))?\}|(\w+)|)")
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """What compose makes of a string of the file: `$$` is a literal `$`; `${VAR}`, `${VAR:-default}`,
+    `${VAR-default}` and `$VAR` come from `env` (the environment of `docker compose`)."""
+    def sub(m: re.Match) -> str:
+        dollar, name, op, default, bare = m.groups()
+        if dollar:
+            return "$"
+        if not (name or bare):
+            raise AssertionError(f"compose cannot interpolate {text[m.start():m.start() + 20]!r}: write $$")
+        value = env.get(name or bare)
+        if op == ":-" and not value or op == "-" and value is None:
+            return default
+        return value or ""
+    return _INTERPOLATION.sub(sub, text)
+
+
+def _service_env(service: dict, env: dict[str, str]) -> dict[str, str]:
+    environment = service.get("environment", {})
+    assert isinstance(environment, dict), "write `environment` as a mapping"
+    return {key: _interpolate(str(value), env) for key, value in environment.items()}
+
+
+def _kafka_teams(compose: dict, env: dict[str, str] | None = None) -> dict[str, str]:
+    """team -> password, as `kafka-teams` reads STREAMRFT_KAFKA_TEAMS."""
+    pairs = _service_env(compose["services"]["kafka-teams"], env or {})["STREAMRFT_KAFKA_TEAMS"]
+    return dict(pair.split(":", 1) for pair in pairs.split())
+
+
+def _run_one_shot(service: dict, tmp_path: Path, env: dict[str, str] | None = None):
+    """Run a one-shot's `/bin/sh -c SCRIPT ARGS...` (entrypoint + command, interpolated) as its container
+    would, with stand-ins for the tools it calls that record their arguments. Returns the completed
+    process and the calls, [(tool, [arg, ...]), ...] in order."""
+    argv = [_interpolate(arg, env or {}) for arg in [*service.get("entrypoint", []), *service["command"]]]
+    assert argv[:2] == ["/bin/sh", "-c"], argv[:2]
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    (work / "bin").mkdir()
+    for tool in ("kafka-configs.sh", "kafka-acls.sh", "streamrft"):
+        stub = work / "bin" / tool
+        stub.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        "with open(os.environ['STUB_LOG'], 'a') as f:\n"
+                        "    f.write(json.dumps([os.path.basename(sys.argv[0]), sys.argv[1:]]) + '\\n')\n")
+        stub.chmod(0o755)
+    script = argv[2].replace("/opt/kafka/bin/", f"{work}/bin/")  # where apache/kafka has its scripts
+    log = work / "calls.jsonl"
+    r = subprocess.run(["/bin/sh", "-c", script, *argv[3:]], cwd=work, capture_output=True, text=True, timeout=60,
+                       env={**_service_env(service, env or {}), "PATH": f"{work}/bin:/usr/bin:/bin",
+                            "STUB_LOG": str(log)})
+    calls = [tuple(json.loads(line)) for line in log.read_text().splitlines()] if log.exists() else []
+    return r, calls
+
+
+def _options(args: list[str], valued: set[str], flags: set[str]) -> dict[str, list]:
+    """A tool's arguments as option -> values (True for a flag); an argument the test does not know
+    fails it, so a new option is looked at rather than ignored."""
+    out: dict[str, list] = {}
+    rest = iter(args)
+    for arg in rest:
+        if arg in valued:
+            value = next(rest, None)
+            assert value is not None, f"{arg} without a value"
+        elif arg in flags:
+            value = True
+        else:
+            raise AssertionError(f"unexpected argument {arg!r} in {args}")
+        out.setdefault(arg, []).append(value)
+    return out
+
+
+_ADMIN = {"--bootstrap-server", "--command-config"}
+_ACL_RESOURCES = {"--topic": "topic", "--group": "group", "--transactional-id": "transactional-id",
+                  "--delegation-token": "delegation-token", "--user-principal": "user"}
+
+
+def _acl_grants(calls) -> set[tuple[str, str, str, str, str, str]]:
+    """(allow|deny, principal, resource type, resource name, pattern type, operation) of every ACL that
+    the kafka-acls.sh calls add: each adds each of its principals x resources x operations."""
+    grants = set()
+    for tool, args in calls:
+        if tool != "kafka-acls.sh":
+            continue
+        opts = _options(args, _ADMIN | set(_ACL_RESOURCES) | {
+            "--allow-principal", "--deny-principal", "--allow-host", "--deny-host", "--operation",
+            "--resource-pattern-type"}, {"--add", "--cluster", "--producer", "--consumer", "--idempotent", "--force"})
+        assert "--add" in opts, args
+        assert not {"--producer", "--consumer", "--idempotent"} & set(opts), "name the operations: --operation X"
+        resources = [(kind, name) for opt, kind in _ACL_RESOURCES.items() for name in opts.get(opt, [])]
+        resources += [("cluster", "kafka-cluster")] if "--cluster" in opts else []
+        pattern = opts.get("--resource-pattern-type", ["literal"])[-1].lower()
+        for effect in ("allow", "deny"):
+            for principal in opts.get(f"--{effect}-principal", []):
+                for kind, name in resources:
+                    for operation in opts["--operation"]:
+                        grants.add((effect, principal, kind, name, pattern, operation.lower()))
+    return grants
+
+
+def _scram_users(calls) -> dict[str, str]:
+    """user -> the --add-config of the kafka-configs.sh calls."""
+    users = {}
+    for tool, args in calls:
+        if tool == "kafka-configs.sh":
+            opts = _options(args, _ADMIN | {"--entity-type", "--entity-name", "--add-config"}, {"--alter"})
+            assert opts["--entity-type"] == ["users"] and "--alter" in opts, args
+            users[opts["--entity-name"][0]] = opts["--add-config"][0]
+    return users
+
+
+def test_broker_authorizes_with_acls(compose):
+    """StandardAuthorizer (KRaft's), nothing allowed without an ACL, and the one super user is the
+    principal of the PLAINTEXT listeners (controller, broker and roles): none of them is published."""
+    kafka = compose["services"]["kafka"]
+    env = kafka["environment"]
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert str(env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"]).lower() == "false"
+    assert env["KAFKA_SUPER_USERS"].split(";") == ["User:ANONYMOUS"]
+    protocol = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    port = {listener.split("://")[0]: listener.rsplit(":", 1)[1] for listener in env["KAFKA_LISTENERS"].split(",")}
+    assert protocol[env["KAFKA_INTER_BROKER_LISTENER_NAME"]] == "PLAINTEXT"
+    assert protocol[env["KAFKA_CONTROLLER_LISTENER_NAMES"]] == "PLAINTEXT"
+    published = {str(p).split(":")[-1].split("/")[0] for p in kafka.get("ports", [])}
+    assert published == {port[name] for name, proto in protocol.items() if proto.startswith("SASL_")}
+    assert env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+
+
+def test_each_team_has_a_scram_user(compose, tmp_path):
+    assert sorted(_kafka_teams(compose)) == sorted(KAFKA_TEAMS)
+    r, calls = _run_one_shot(compose["services"]["kafka-teams"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    passwords = _kafka_teams(compose)
+    assert _scram_users(calls) == {team: f"SCRAM-SHA-512=[password={passwords[team]}]" for team in KAFKA_TEAMS}
+
+
+def test_each_team_may_write_only_its_own_rollouts_topic(compose, tmp_path):
+    """The only ACLs: Write and Describe for User:<team> on the literal topic <namespace>.rollouts.<team>,
+    the namespace of deploy/run.yaml. No IdempotentWrite on the cluster: since Kafka 2.8 an idempotent
+    producer needs only Write on some topic (KIP-679)."""
+    namespace = load_config(ROOT / "deploy" / "run.yaml").namespace
+    r, calls = _run_one_shot(compose["services"]["kafka-teams"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert _acl_grants(calls) == {("allow", f"User:{team}", "topic", topic_name(namespace, "rollouts", team),
+                                   "literal", operation)
+                                  for team in KAFKA_TEAMS for operation in ("write", "describe")}
+    # the admin: the internal (PLAINTEXT, super user) listener, with the client properties mounted there
+    service = compose["services"]["kafka-teams"]
+    mounted = {c["target"]: compose["configs"][c["source"]]["content"] for c in service["configs"]}
+    advertised = compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    for _, args in calls:
+        admin = dict(zip(args, args[1:]))
+        assert f"PLAINTEXT://{admin['--bootstrap-server']}" in advertised
+        assert mounted[admin["--command-config"]].split() == ["security.protocol=PLAINTEXT"]
+    # and no other service touches ACLs
+    for name, other in compose["services"].items():
+        if name != "kafka-teams":
+            assert "kafka-acls" not in json.dumps([other.get("entrypoint"), other.get("command")]), name
+
+
+def test_kafka_teams_follow_the_variable(compose, tmp_path):
+    service = compose["services"]["kafka-teams"]
+    r, calls = _run_one_shot(service, tmp_path, {"STREAMRFT_KAFKA_TEAMS": "red.team_1-x:pa:ss ops:s3cret*"})
+    assert r.returncode == 0, r.stderr
+    assert _scram_users(calls) == {"red.team_1-x": "SCRAM-SHA-512=[password=pa:ss]",
+                                   "ops": "SCRAM-SHA-512=[password=s3cret*]"}
+    namespace = load_config(ROOT / "deploy" / "run.yaml").namespace
+    assert {(g[1], g[3]) for g in _acl_grants(calls)} == {(f"User:{team}", topic_name(namespace, "rollouts", team))
+                                                          for team in ("red.team_1-x", "ops")}
+    for bad in ("bad/name:pw", "no-password", "empty:", ":anonymous", "comma:a,b", "bracket:a]b"):
+        r, calls = _run_one_shot(service, tmp_path, {"STREAMRFT_KAFKA_TEAMS": f"ok:pw {bad}"})
+        assert r.returncode != 0 and "kafka-teams:" in r.stderr, bad
+        assert {user for user in _scram_users(calls)} <= {"ok"}, bad
+
+
+@pytest.mark.parametrize("env", [{}, {"STREAMRFT_KAFKA_TEAMS": "x:1 y.z:2"}], ids=["default", "custom"])
+def test_topics_one_shot_creates_every_team_rollouts_topic(compose, tmp_path, env):
+    """`topics` runs its command, then once per team with explorer.team=<team>: every topic an ACL
+    names exists before the roles start."""
+    service = compose["services"]["topics"]
+    r, calls = _run_one_shot(service, tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    assert calls[0] == ("streamrft", service["command"][1:])
+    created = set()
+    for tool, args in calls:
+        parsed = build_parser().parse_args(args)
+        assert (tool, parsed.command) == ("streamrft", "topics")
+        cfg = load_config(_host_path(service, parsed.config), parsed.overrides)
+        created |= set(run_topics(cfg.kafka, cfg.namespace, [cfg.explorer.team]))
+    _, base = _service_config(service)
+    teams = _kafka_teams(compose, env)
+    assert created == set(run_topics(base.kafka, base.namespace, [base.explorer.team, *teams]))
+    _, acl_calls = _run_one_shot(compose["services"]["kafka-teams"], tmp_path, env)
+    assert {grant[3] for grant in _acl_grants(acl_calls)} <= created
+
+
+def test_gateway_service(compose):
+    """The gateway role (`streamrft serve`) with the other roles' endpoints, listening on all addresses
+    on the published port 8000, with an API key variable per example team. Its command is not parsed
+    with the CLI here: add "serve" to ROLE_COMMANDS once the CLI has it."""
+    services = compose["services"]
+    gateway = services["gateway"]
+    assert gateway["command"][:3] == ["streamrft", "serve", "/config/run.yaml"]
+    assert gateway["command"][3:] == services["trainer"]["command"][3:] + ["gateway.host=0.0.0.0"]
+    assert "8000:8000" in gateway["ports"]
+    env = _service_env(gateway, {})
+    for team in KAFKA_TEAMS:
+        assert env[f"STREAMRFT_KEY_{re.sub(r'[^A-Z0-9]', '_', team.upper())}"], team
+    assert gateway["restart"] == "on-failure"
+    assert gateway["depends_on"]["topics"] == {"condition": "service_completed_successfully"}
 
 
 def test_deploy_config_loads_alone():
