@@ -72,7 +72,8 @@ def cmd_status(args) -> int:
         procs = ", ".join(f"{k}={'up' if v else 'DOWN'}" for k, v in running.items()) or "not started"
         print(f"embedded stack ({stack.data_dir}): {procs}")
     buckets = [s3.bucket, "tansu"] if stack.embedded else [s3.bucket]
-    st = status.collect(kafka, s3, buckets, topic_prefix=f"{args.namespace}." if args.namespace else "")
+    st = status.collect(kafka, s3, buckets, topic_prefix=f"{args.namespace}." if args.namespace else "",
+                        namespace=args.namespace)
     print(status.render(st))
     return 0 if st.kafka_ok and st.s3_ok else 1
 

@@ -24,7 +24,7 @@ from streamrft.infra.kafka import make_admin, run_topics
 from streamrft.schemas import topic_name
 
 ROOT = Path(__file__).resolve().parents[1]
-ROLE_COMMANDS = ("explore", "score", "train")
+ROLE_COMMANDS = ("explore", "score", "serve", "train")
 ONE_SHOTS = ("kafka-teams", "minio-init", "prepare", "topics")
 KAFKA_TEAMS = ("agents", "lab")  # the example teams of docker-compose.yml (STREAMRFT_KAFKA_TEAMS' default)
 

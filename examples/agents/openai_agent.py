@@ -34,14 +34,24 @@ LOW, HIGH, MAX_GUESSES, TURN_PENALTY = 1, 8, 4, 0.05
 GUESS = re.compile(r"-?\d{1,9}")
 
 
+def complete(client: OpenAI, **request):
+    """One completion; a 429 (admission control: the trainer is behind) is waited out as its
+    Retry-After says, for as long as it takes."""
+    while True:
+        try:
+            return client.completions.create(**request)
+        except openai.RateLimitError as e:
+            time.sleep(float(e.response.headers.get("retry-after", 1)))
+
+
 def play(client: OpenAI, model: str, secret: int, episode: dict | None = None, greedy: bool = False) -> tuple[float, int]:
     """One game: (reward, the weight version that served the last call). `episode` holds the ids
     sent as headers; the prompt of each call is the whole game so far, as text."""
     prompt, version = f"guess {LOW}-{HIGH}:", 0
     headers = {k: str(v) for k, v in (episode or {}).items()}
     for guess_no in range(1, MAX_GUESSES + 1):
-        out = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0.0 if greedy else 1.0,
-                                        extra_headers=headers)
+        out = complete(client, model=model, prompt=prompt, max_tokens=4, temperature=0.0 if greedy else 1.0,
+                       extra_headers=headers)
         choice, version = out.choices[0], int((out.system_fingerprint or "v0")[1:])
         if choice.finish_reason != "stop":
             return 0.0, version  # a cut-off answer is never played
@@ -61,7 +71,7 @@ def finish(base_url: str, key: str, episode_id: str, reward: float, task_id: str
     for attempt in range(30):
         r = httpx.post(f"{base_url}/episodes/{episode_id}/finish", json={"reward": reward, "task_id": task_id},
                        headers={"Authorization": f"Bearer {key}"}, timeout=120)
-        if r.status_code != 503:
+        if r.status_code != 503:  # 503: the broker has not acknowledged the group yet
             r.raise_for_status()
             return r.json()
         time.sleep(float(r.headers.get("Retry-After", 2)))
@@ -109,8 +119,7 @@ def main() -> int:
     args = p.parse_args()
     if not args.api_key:
         p.error("no key: pass --api-key or set STREAMRFT_AGENTS_KEY")
-    # 429 (admission control: the trainer is behind) carries Retry-After; the client waits and retries
-    client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=100, timeout=120)
+    client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=2, timeout=120)
     rng, start = random.Random(args.seed), time.monotonic()
     pool = ThreadPoolExecutor(args.groups * args.group_size)
     evals, n = [], 0

@@ -33,6 +33,7 @@ class Status:
     topics: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # name -> [(p, start, end)]
     groups: list[GroupLag] = field(default_factory=list)
     buckets: dict[str, int] = field(default_factory=dict)
+    gateway: dict[str, dict[str, float]] = field(default_factory=dict)  # "<gateway>:<team>" -> counters
     errors: list[str] = field(default_factory=list)
 
 
@@ -63,17 +64,49 @@ def group_lags(kafka: KafkaConfig, topics: dict[str, list[tuple[int, int, int]]]
     return out
 
 
+def gateway_counters(kafka: KafkaConfig, namespace: str) -> dict[str, dict[str, float]]:
+    """The newest counters each gateway published per team on `<namespace>.metrics`."""
+    from confluent_kafka import TopicPartition
+
+    from streamrft.infra.kafka import decoded, make_consumer
+    from streamrft.schemas import Metric, topic_name
+
+    topic = topic_name(namespace, "metrics")
+    ends = partition_ends(kafka, topic)
+    consumer = make_consumer(kafka, None)
+    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+    left, out = {e.partition: e.end for e in ends if e.end > e.start}, {}
+    try:
+        while left:
+            msgs = consumer.consume(1000, timeout=1.0)
+            if not msgs:
+                break
+            for m, metric in decoded(msgs, topic, Metric):
+                if metric.role == "gateway" and ":" in metric.role_id:
+                    out[metric.role_id] = metric.values
+            for m in msgs:
+                if m.error() is None and m.offset() + 1 >= left.get(m.partition(), 0):
+                    left.pop(m.partition(), None)
+    finally:
+        consumer.close()
+    return out
+
+
 def bucket_counts(s3: S3Config, buckets: list[str]) -> dict[str, int]:
     client = make_client(s3)
     return {b: sum(1 for _ in client.list_objects(b, recursive=True)) if client.bucket_exists(b) else -1
             for b in buckets}
 
 
-def collect(kafka: KafkaConfig, s3: S3Config, buckets: list[str], topic_prefix: str = "") -> Status:
+def collect(kafka: KafkaConfig, s3: S3Config, buckets: list[str], topic_prefix: str = "",
+            namespace: str | None = None) -> Status:
+    """`namespace` also reads that run's gateway counters."""
     st = Status(kafka_ok=False, s3_ok=False)
     try:
         st.topics = topic_ends(kafka, topic_prefix)
         st.groups = group_lags(kafka, st.topics)
+        if namespace and f"{namespace}.metrics" in st.topics:
+            st.gateway = gateway_counters(kafka, namespace)
         st.kafka_ok = True
     except Exception as e:  # report, don't crash: status is how people find out what is down
         st.errors.append(f"kafka {kafka.bootstrap}: {e}")
@@ -98,5 +131,13 @@ def render(st: Status) -> str:
     lines.append("buckets:")
     for b, n in st.buckets.items():
         lines.append(f"  {b:<20} objects={n if n >= 0 else 'missing'}")
+    if st.gateway:
+        lines.append("gateway teams:")
+        for who, v in sorted(st.gateway.items()):
+            team = who.rsplit(":", 1)[1]
+            lines.append(f"  {team:<16} episodes={int(v.get('episodes_finished', 0))} open={int(v.get('open_episodes', 0))} "
+                         f"expired={int(v.get('episodes_expired', 0))} groups={int(v.get('groups_published', 0))} "
+                         f"tokens={int(v.get('prompt_tokens', 0))}+{int(v.get('completion_tokens', 0))} "
+                         f"429={int(v.get('rejected_admission', 0) + v.get('rejected_stale', 0))}  ({who.rsplit(':', 1)[0]})")
     lines += [f"error: {e}" for e in st.errors]
     return "\n".join(lines)

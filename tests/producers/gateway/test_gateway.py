@@ -154,3 +154,22 @@ def test_an_idle_episode_expires_and_its_group_publishes_what_finished(served):
                    headers={"Authorization": f"Bearer {KEYS['agents']}", "X-Episode-Id": e2})
     assert r.status_code == 409 and r.json()["error"]["code"] == "episode_over"
     assert _finish(served, e2, {"reward": 1.0}).json()["status"] == "expired"
+
+
+def test_per_team_counters_reach_the_metrics_topic_and_status(served):
+    from streamrft.infra import status
+
+    deadline, counters = time.monotonic() + 30, {}
+    while time.monotonic() < deadline:
+        counters = status.gateway_counters(served.cfg.kafka, served.cfg.namespace)
+        teams = {who.rsplit(":", 1)[1]: v for who, v in counters.items()}
+        if teams.get("agents", {}).get("episodes_finished", 0) >= 1 and "lab" in teams:
+            break
+        time.sleep(1)
+    teams = {who.rsplit(":", 1)[1]: v for who, v in counters.items()}
+    local = served.gw.store.counters
+    for team in ("agents", "lab"):
+        assert teams[team]["episodes_finished"] >= 1 and teams[team]["completion_tokens"] > 0
+        assert teams[team]["episodes_finished"] <= local[team]["episodes_finished"]
+    st = status.Status(kafka_ok=True, s3_ok=True, gateway=counters)
+    assert "gateway teams:" in status.render(st) and "agents" in status.render(st)
