@@ -8,9 +8,9 @@ on the real stack, over real HTTP, through the official `openai` client's `chat.
   call's prompt and sampled ids (the model's own <|im_end|> included) and adds only the template's
   close of the turn, the new user turn and the generation prompt (mask 0);
 - why: SmolLM2 at temperature 1 often samples ids that its tokenizer would not produce from their
-  text (a character as separate bytes, two merges instead of one): re-tokenizing the conversation
-  would train on ids that were never sampled. The test finds such a case and checks the recorded ids
-  are the sampled ones;
+  text (a word in other pieces than BPE merges it into, a character as separate bytes): re-tokenizing
+  the conversation would train on ids that were never sampled. The test finds such a case and checks
+  the recorded ids are the sampled ones;
 - edited history falls back to step-wise; `stop`, `n>1` and `seed` outside an episode.
 
 `return_token_ids` (sent with `extra_body`) makes the gateway return the prompt and sampled ids.
@@ -35,10 +35,11 @@ MAX_TOKENS = 12
 FRANCE = "What is the capital of France?"
 """SmolLM2 answers greedily "The capital of France is Paris." and stops (8 tokens with <|im_end|>)."""
 SECOND = "Wrong. Try again."
-JAPANESE = "Write one sentence in Japanese."
-"""At temperature 1 about a third of SmolLM2's 12-token answers are ids its tokenizer would not give
-their text back as (measured: 10 of 32): drift is found within a few seeds."""
-DRIFT_SEEDS = 24
+POEM = "Write a short poem in French with accents."
+"""At temperature 1 about a quarter of SmolLM2's 12-token answers to this are valid text that its
+tokenizer turns into other ids than were sampled (measured: 8 of 32; 6 more had a character cut by
+max_tokens, shown as U+FFFD, which the test does not count): drift is found within a few seeds."""
+DRIFT_SEEDS = 32
 
 
 @pytest.fixture(scope="module")
@@ -172,33 +173,53 @@ def test_a_continued_chat_is_one_trajectory_on_the_ids_the_model_sampled(served)
 
 
 def test_re_tokenizing_the_conversation_would_change_the_ids_the_model_sampled(served):
-    """Why the gateway never re-tokenizes: seeded 12-token answers in Japanese at temperature 1 until
-    one is a drift case (the chat template's rendering of the conversation, tokenized from its text,
-    is not the ids the model sampled: e.g. a character sampled as separate byte tokens, or cut in the
-    middle at max_tokens), then a second turn: the recorded ids are the sampled ones."""
+    """Why the gateway never re-tokenizes: seeded 12-token answers at temperature 1 until one is a
+    drift case (the answer is valid text, with no character cut by max_tokens, yet the chat template's
+    rendering of the conversation, tokenized from its text, is not the ids the model sampled: the
+    model wrote a word or whitespace in other pieces than BPE merges it into, e.g. "\\n", "\\n" where
+    the tokenizer has "\\n\\n"), then a second turn: the prompt and the recorded trajectory hold the
+    sampled ids, and the text is the same either way."""
     tok, client = served.engine.tokenizer, served.client()
-    m1 = [{"role": "user", "content": JAPANESE}]
+    m1 = [{"role": "user", "content": POEM}]
     for seed in range(DRIFT_SEEDS):
         e = uuid.uuid4().hex
         r1 = _chat(client, m1, e, temperature=1.0, seed=seed)
-        p1, s1 = _prompt_ids(r1), _ids(r1.choices[0])
-        m2 = _turn(m1, r1, "Now say it in English.")
+        p1, s1, content = _prompt_ids(r1), _ids(r1.choices[0]), r1.choices[0].message.content
+        m2 = _turn(m1, r1, "Now translate it into English.")
         retokenized = _template(tok, m2)
-        if retokenized[: len(p1) + len(s1)] != p1 + s1:
+        if "\ufffd" not in content and retokenized[: len(p1) + len(s1)] != p1 + s1:
             break
         _finish(served, e, {"reward": 0.0})  # no drift: an ordinary one-call episode
     else:
-        pytest.fail(f"no drift in {DRIFT_SEEDS} seeded answers to {JAPANESE!r}")
+        pytest.fail(f"no drift in {DRIFT_SEEDS} seeded answers to {POEM!r}")
+    assert tok.decode(s1, skip_special_tokens=True) == content  # the sampled ids spell exactly the answer
 
     r2 = _chat(client, m2, e, temperature=1.0, seed=seed)
     p2, s2 = _prompt_ids(r2), _ids(r2.choices[0])
     assert p2[: len(p1) + len(s1)] == p1 + s1  # the sampled ids, not the text's
-    assert p2 != retokenized
-    assert tok.decode(p2) == tok.decode(retokenized)  # the same text: only the ids differ
+    # then the template's close of the turn (<|im_end|> unless the model sampled it), the user turn
+    close = "" if r1.choices[0].finish_reason == "stop" else "<|im_end|>"
+    assert tok.decode(p2[len(p1) + len(s1):]) == (
+        f"{close}\n<|im_start|>user\n{m2[-1]['content']}<|im_end|>\n<|im_start|>assistant\n")
+    assert p2 != retokenized and tok.decode(p2) == tok.decode(retokenized)  # the same text, other ids
     traj = _published(served, e).trajectories[0]
     assert traj.info["assembly"] == "concatenated"
     assert [i for i, m in zip(traj.response_ids, traj.loss_mask) if m] == s1 + s2
     assert traj.prompt_ids + traj.response_ids == p2 + s2
+
+
+@pytest.mark.xfail(strict=True, reason="gateway bug: server.py Gateway._response gives a token's `bytes` as "
+                   "decode([id]).encode(), so a byte-level BPE token holding part of a character reads as "
+                   "U+FFFD's bytes (EF BF BD) and the bytes no longer rebuild the text")
+def test_the_bytes_of_the_tokens_rebuild_the_text(served):
+    """OpenAI's `bytes`: the token's UTF-8 bytes, to join where a character spans tokens. Greedy, SmolLM2
+    answers this in katakana, two byte tokens per character, 16 tokens: whole characters."""
+    tok, client = served.engine.tokenizer, served.client()
+    r = _chat(client, [{"role": "user", "content": "Write one sentence in Japanese."}], temperature=0.0,
+              max_tokens=16, logprobs=True)
+    c = r.choices[0]
+    assert any(tok.decode([i]) == "\ufffd" for i in _ids(c)) and "\ufffd" not in c.message.content
+    assert bytes(b for t in c.logprobs.content for b in t.bytes).decode("utf-8") == c.message.content
 
 
 def test_an_edited_history_makes_the_episode_step_wise(served):
