@@ -11,7 +11,8 @@ on the real stack, over real HTTP, through the official `openai` client's `chat.
   text (a word in other pieces than BPE merges it into, a character as separate bytes): re-tokenizing
   the conversation would train on ids that were never sampled. The test finds such a case and checks
   the recorded ids are the sampled ones;
-- edited history falls back to step-wise; `stop`, `n>1` and `seed` outside an episode.
+- edited history falls back to step-wise; `stop`, `n>1` and `seed` outside an episode;
+- (xfail, a gateway bug) the tokens' `bytes` rebuild text whose characters span byte tokens.
 
 `return_token_ids` (sent with `extra_body`) makes the gateway return the prompt and sampled ids.
 """
@@ -81,7 +82,8 @@ def _published(served, episode: str, reward: float = 1.0) -> RolloutGroup:
     """Finish `episode` (a group of its own) and read back the group it published."""
     assert _finish(served, episode, {"reward": reward})["status"] == "published"
     topic = topic_name(served.cfg.namespace, "rollouts", "agents")
-    groups = [g for m in read_all(served.cfg.kafka, topic) if (g := decode(m.value(), RolloutGroup)).group_id == episode]
+    groups = [g for g in (decode(m.value(), RolloutGroup) for m in read_all(served.cfg.kafka, topic))
+              if g.group_id == episode]
     assert len(groups) == 1
     return groups[0]
 
@@ -149,7 +151,8 @@ def test_a_continued_chat_is_one_trajectory_on_the_ids_the_model_sampled(served)
     r1 = _chat(client, m1, e, temperature=0.0)
     p1, s1 = _prompt_ids(r1), _ids(r1.choices[0])
     assert r1.choices[0].finish_reason == "stop" and s1[-1] == tok.eos_token_id  # the model's own <|im_end|>
-    assert r1.choices[0].message.content == tok.decode(s1, skip_special_tokens=True) == "The capital of France is Paris."
+    answer = r1.choices[0].message.content
+    assert answer == tok.decode(s1, skip_special_tokens=True) == "The capital of France is Paris."
     assert p1 == _template(tok, m1)  # a first call is the template's rendering
 
     m2 = _turn(m1, r1, SECOND)
