@@ -37,12 +37,15 @@ class Served:
         return OpenAI(base_url=self.url + "/v1", api_key=KEYS[team], max_retries=0, **kw)
 
 
-def gateway_config(stack, out: Path, namespace: str, extra: list[str] = ()):
+def gateway_config(stack, out: Path, namespace: str, extra: list[str] = (), model_path: Path | None = None):
+    """The gateway's run config on `stack`: the tiny char model built under `out`, or the model already
+    at `model_path` (e.g. the converted SmolLM2: no `model.build`, nothing built or imported)."""
     from streamrft.launch.prepare import prepare
 
     teams = ", ".join(f"{{name: {t}, key_sha256: {digest(k)}}}" for t, k in KEYS.items())
+    model = [] if model_path is None else [f"model.path={model_path}", "model.build=null"]
     cfg = load_config(ROOT / "examples" / "cpu_demo.yaml", [
-        *stack_overrides(stack, out), f"namespace={namespace}", "stages=[]",
+        *stack_overrides(stack, out), *model, f"namespace={namespace}", "stages=[]",
         "data.synthetic={task: reverse, train_size: 50, eval_size: 8, min_len: 3, max_len: 5, seed: 0}",
         "explorer.num_explorers=0", "gateway.enabled=true", f"gateway.teams=[{teams}]", f"gateway.port={free_port()}",
         "explorer.group_size=2", "explorer.max_total_tokens=64", "explorer.sampling.max_new_tokens=8",
