@@ -1,9 +1,9 @@
 """`streamrft run CONFIG [key=value ...]`: one whole run on this machine.
 
 Starts the embedded stack unless the config names external ones, prepares data/model/warm-up,
-creates the run's topics, launches the trainer, one stream-ops worker and
-`explorer.num_explorers` explorers as processes (`streamrft train|score|explore` on the resolved
-config), restarts a role that fails (as compose's `restart: on-failure` does), shows a live
+creates the run's topics, launches the trainer, one stream-ops worker,
+`explorer.num_explorers` explorers and, with `gateway.enabled`, the gateway as processes
+(`streamrft train|score|explore|serve` on the resolved config), restarts a role that fails (as compose's `restart: on-failure` does), shows a live
 progress line, and stops everything at the end or on Ctrl-C. It prints one
 `final:` line and writes `reward_curve.png`, TensorBoard logs and the resolved config.
 """
@@ -139,6 +139,9 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
         eval_start = final_eval(cfg, None)
         print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
+        if cfg.gateway.enabled:
+            print(f"gateway: http://{cfg.gateway.host}:{cfg.gateway.port}/v1 for teams "
+                  f"{', '.join(t.name for t in cfg.gateway.teams)} (docs/gateway.md)", flush=True)
 
         logs = out / "logs"
         commands = {"trainer": ["train", str(resolved)], "stream-ops": ["score", str(resolved)],

@@ -12,7 +12,7 @@ on the real stack, over real HTTP, through the official `openai` client's `chat.
   the conversation would train on ids that were never sampled. The test finds such a case and checks
   the recorded ids are the sampled ones;
 - edited history falls back to step-wise; `stop`, `n>1` and `seed` outside an episode;
-- (xfail, a gateway bug) the tokens' `bytes` rebuild text whose characters span byte tokens.
+- the tokens' `bytes` rebuild text whose characters span byte tokens.
 
 `return_token_ids` (sent with `extra_body`) makes the gateway return the prompt and sampled ids.
 """
@@ -211,9 +211,6 @@ def test_re_tokenizing_the_conversation_would_change_the_ids_the_model_sampled(s
     assert traj.prompt_ids + traj.response_ids == p2 + s2
 
 
-@pytest.mark.xfail(strict=True, reason="gateway bug: server.py Gateway._response gives a token's `bytes` as "
-                   "decode([id]).encode(), so a byte-level BPE token holding part of a character reads as "
-                   "U+FFFD's bytes (EF BF BD) and the bytes no longer rebuild the text")
 def test_the_bytes_of_the_tokens_rebuild_the_text(served):
     """OpenAI's `bytes`: the token's UTF-8 bytes, to join where a character spans tokens. Greedy, SmolLM2
     answers this in katakana, two byte tokens per character, 16 tokens: whole characters."""

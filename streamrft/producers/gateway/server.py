@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import time
 import uuid
@@ -70,6 +72,7 @@ class Gateway:
         self.model_name, self.max_tokens, self.max_context = model_name, max_tokens, max_context
         self.tokenizer = worker.engine.tokenizer
         self.prompts = PromptBuilder(self.tokenizer)
+        self.byte_level = is_byte_level(self.tokenizer)
         self.can_start = can_start or (lambda: (True, ""))
         self.sweep_s = sweep_s
         self.report: Any = None  # called on the event loop every `report_every_s` (the metrics)
@@ -210,6 +213,11 @@ class Gateway:
     def _token(self, tid: int) -> str:
         return self.tokenizer.decode([tid], skip_special_tokens=False)
 
+    def _bytes(self, tid: int) -> list[int]:
+        """The token's own bytes: a byte-level BPE token that holds part of a character decodes to
+        U+FFFD alone, so its bytes come from its vocabulary entry instead (`token_bytes`)."""
+        return list(token_bytes(self.tokenizer, tid, self.byte_level))
+
     def _response(self, chat: bool, version: int, prompt_ids: list[int], completions: list[Completion],
                   cut: list[tuple], want_lp: bool, top: int, token_ids: bool) -> dict:
         choices = []
@@ -219,8 +227,8 @@ class Gateway:
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
                 choice["logprobs"] = None if not want_lp else {"content": [
-                    {"token": self._token(t), "logprob": lp, "bytes": list(self._token(t).encode()),
-                     "top_logprobs": [{"token": self._token(a), "logprob": alp, "bytes": list(self._token(a).encode())}
+                    {"token": self._token(t), "logprob": lp, "bytes": self._bytes(t),
+                     "top_logprobs": [{"token": self._token(a), "logprob": alp, "bytes": self._bytes(a)}
                                       for a, alp in (tops[k] if tops else [])][:top]}
                     for k, (t, lp) in enumerate(zip(ids, lps))]}
             else:
@@ -244,11 +252,45 @@ class Gateway:
         return out
 
     def _offsets(self, ids: list[int]) -> list[int]:
-        out, pos = [], 0
-        for t in ids:
-            out.append(pos)
-            pos += len(self.tokenizer.decode([t], skip_special_tokens=True))
-        return out
+        """Where each token starts in the text (a token inside a character starts where it does)."""
+        return [len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted: the printable character standing for each byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def is_byte_level(tokenizer: Any) -> bool:
+    """Whether the tokenizer's decoder maps GPT-2's byte alphabet back to bytes (GPT-2, SmolLM2, Qwen)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
+
+
+def token_bytes(tokenizer: Any, tid: int, byte_level: bool) -> bytes:
+    """The bytes one token stands for: with a byte-level decoder its vocabulary entry mapped back
+    through the byte alphabet; a byte-fallback token `<0xE3>` is that byte; special and other tokens
+    are their text in UTF-8."""
+    if tid in tokenizer.all_special_ids:
+        return tokenizer.decode([tid], skip_special_tokens=False).encode()
+    piece = tokenizer.convert_ids_to_tokens(tid)
+    if isinstance(piece, str):
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        table = _byte_decoder()
+        if byte_level and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+    return tokenizer.decode([tid], skip_special_tokens=False).encode()
 
 
 def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAPI:

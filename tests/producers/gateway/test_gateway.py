@@ -1,6 +1,6 @@
 """The gateway on the real stack, over real HTTP, through the official `openai` client.
 
-The tiny char model serves (no chat template: the completions API); `test_chat.py` runs the chat
+The tiny char model serves (no chat template: the completions API); tests/real_model/test_gateway_chat.py runs the chat
 API on SmolLM2. Checks: keys decide teams (401 without or with a wrong key; a key reaches its own
 team's topic only); token fidelity (recorded log-probs equal a teacher-forced forward of the
 recorded ids); concatenated and step-wise assembly; a group is published only when complete and
