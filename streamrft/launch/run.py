@@ -1,11 +1,12 @@
 """`streamrft run CONFIG [key=value ...]`: one whole run on this machine.
 
 Starts the embedded stack unless the config names external ones, prepares data/model/warm-up,
-creates the run's topics, launches the trainer, one stream-ops worker,
-`explorer.num_explorers` explorers and, with `gateway.enabled`, the gateway as processes
-(`streamrft train|score|explore|serve` on the resolved config), restarts a role that fails (as compose's `restart: on-failure` does), shows a live
-progress line, and stops everything at the end or on Ctrl-C. It prints one
-`final:` line and writes `reward_curve.png`, TensorBoard logs and the resolved config.
+creates the run's topics, launches the trainer, one stream-ops worker, `explorer.num_explorers`
+explorers and, with `gateway.enabled`, the gateway as processes (`streamrft
+train|score|explore|serve` on the resolved config), restarts a role that fails (as compose's
+`restart: on-failure` does), shows a live progress line, and stops everything at the end or on
+Ctrl-C. It prints one `final:` line and writes `reward_curve.png`, TensorBoard logs and the
+resolved config.
 """
 from __future__ import annotations
 
