@@ -31,7 +31,7 @@ from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
 from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories, oldest_head
 from streamrft.consumers.advantages import make_batch_advantage
-from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
+from streamrft.consumers.update import Objective, UpdateLoop
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore
 from streamrft.schemas import (DeadLetter, DecodeError, ExperienceGroup, GroupDropped, Metric, WeightVersion, decode,
@@ -43,47 +43,7 @@ PENDING_TOP_UP = 256  # fetched records below which the trainer fetches more bef
 COMMIT_ATTEMPTS = 6  # backoff 0.5 s doubling: ~15 s, enough for the group to be rejoined after a broker restart
 
 
-class Objective:
-    """The config's algorithm, resolved once: a callable per micro-batch."""
-
-    def __init__(self, cfg: RunConfig):
-        from streamrft.engine.algorithms import KL_ESTIMATORS, POLICY_LOSSES, PRESETS, resolve
-
-        algo = cfg.algorithm
-        preset = PRESETS[algo.type]
-        self.loss_name = algo.policy_loss.type or preset["policy_loss"]
-        if self.loss_name not in POLICY_LOSSES and algo.policy_loss.import_path is None:
-            raise ValueError(f"algorithm.type={algo.type!r} is trained offline (streamrft train with an offline "
-                             f"data source), not by the online trainer")
-        self.loss_fn = resolve(POLICY_LOSSES, self.loss_name, algo.policy_loss.import_path)
-        self.loss_params = dict(algo.policy_loss.params)
-        self.agg_mode = algo.aggregation or preset["aggregation"]
-        self.kl_coef = algo.kl.coef if algo.kl.mode == "loss" else 0.0
-        self.kl_fn = KL_ESTIMATORS[algo.kl.estimator] if self.kl_coef else None
-        self.entropy_coef = algo.entropy_coef
-        # Dr.GRPO's constant length: the most tokens the loss can sum in one trajectory, i.e. the model's
-        # sampled (mask 1) tokens. single_turn and step_wise (one turn per trajectory): max_new_tokens.
-        # multi_turn (and a user's workflow, which gets the same TurnLimits): max_turns turns of at most
-        # max_new_tokens each, and prompt + response within max_total_tokens; environment tokens are masked
-        # and never counted. Any constant keeps the objective unbiased; this one keeps the loss's scale.
-        ex = cfg.explorer
-        self.norm_len = ex.sampling.max_new_tokens
-        if ex.workflow_import_path or ex.workflow == "multi_turn":
-            self.norm_len = min(ex.max_turns * ex.sampling.max_new_tokens, ex.max_total_tokens)
-
-    def __call__(self, logp, batch: Batch, ref_logp, entropy, global_tokens, global_seqs, prox=None):
-        from streamrft.engine.algorithms import policy_objective
-
-        params = dict(self.loss_params)
-        if self.loss_name == "decoupled_ppo":  # the policy at the start of the batch (one update: the current one)
-            params["prox_logprobs"] = logp.detach() if prox is None else prox
-        return policy_objective(logp, batch.old_logprobs, batch.advantages, batch.mask, ref_logp, entropy,
-                                loss_fn=self.loss_fn, loss_params=params, kl_fn=self.kl_fn, kl_coef=self.kl_coef,
-                                entropy_coef=self.entropy_coef, agg_mode=self.agg_mode, global_tokens=global_tokens,
-                                global_seqs=global_seqs, norm_len=self.norm_len)
-
-
-class Trainer:
+class Trainer(UpdateLoop):
     def __init__(self, cfg: RunConfig, stop: threading.Event | None = None):
         from streamrft.engine.models import load_policy, resolve_device
         from streamrft.engine.training import make_train_engine
@@ -289,97 +249,6 @@ class Trainer:
         self.next_offsets.update(offsets)
         self.counts.add(counts)
         return samples or None
-
-    # ---- one optimiser step ----------------------------------------------------------------
-    def train_step(self, samples: list[tuple]) -> dict[str, float]:
-        batch = collate(samples, self.tokenizer.pad_token_id)
-        temperature = self.cfg.explorer.sampling.temperature or 1.0
-        global_tokens, global_seqs = batch.mask.sum(), (batch.mask.sum(1) > 0).sum()
-        metrics: dict[str, float] = {}
-        if self.batch_advantage is not None:
-            penalty = None
-            if self.reward_kl is not None:  # KL to the reference as a per-token reward penalty
-                with torch.no_grad():
-                    ref, _ = token_logprobs(self.ref_model, batch.to(self.device), temperature)
-                kl = self.reward_kl(batch.old_logprobs, ref.to(batch.mask.device)) * batch.mask
-                penalty = self.cfg.algorithm.kl.coef * kl
-                metrics["reward_kl"] = float(kl.sum() / batch.mask.sum().clamp(min=1))
-            batch.advantages, extra = self.batch_advantage(batch, penalty)
-            metrics.update(extra)
-        self.model.train()
-        local = batch
-        if self.world > 1:  # this rank's contiguous share; the counts above stay global
-            per = -(-len(batch) // self.world)
-            rank = self.engine.rank
-            local = batch.slice(rank * per, (rank + 1) * per)
-        device = next(self.model.parameters()).device
-        autocast = torch.autocast(device.type, dtype=getattr(torch, self.tc.autocast or "float32"),
-                                  enabled=self.tc.autocast is not None)
-        updates = self.tc.ppo_epochs * self.tc.mini_batches
-        # decoupled PPO clips against the proximal policy: the weights at the start of this batch,
-        # their log-probs computed once (with one update per batch they equal the current ones)
-        prox = self._logprobs(local, temperature, autocast, device) if updates > 1 and \
-            self.objective.loss_name == "decoupled_ppo" else None
-        order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)
-        self.update_metrics = []
-        for _ in range(self.tc.ppo_epochs):
-            rows = torch.randperm(len(local), generator=order).tolist() if self.tc.mini_batches > 1 \
-                else list(range(len(local)))
-            for k in range(self.tc.mini_batches):
-                mini_rows = rows[k::self.tc.mini_batches]
-                if mini_rows:
-                    self.update_metrics.append(self._update(local, mini_rows, prox, temperature, autocast, device,
-                                                            (global_tokens, global_seqs) if updates == 1 else None))
-        for key in {k for m in self.update_metrics for k in m}:  # means over the updates
-            values = [m[key] for m in self.update_metrics if key in m]
-            metrics[key] = sum(values) / len(values)
-        metrics["updates"] = float(len(self.update_metrics))
-        staleness = [self.state.version - t.model_version for t, _, _ in samples]
-        metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
-                       staleness_max=float(max(staleness)), samples=float(len(batch)),
-                       response_len=float(batch.mask.sum() / len(batch)))
-        return metrics
-
-    def _logprobs(self, batch: Batch, temperature: float, autocast, device) -> torch.Tensor:
-        """The current policy's log-probs of every row of `batch`, without gradients, by micro-batch."""
-        out = torch.zeros_like(batch.old_logprobs)
-        with torch.no_grad():
-            for rows in micro_batches(batch.attention_mask.sum(1).tolist(), self.tc.micro_batch_size,
-                                      self.tc.micro_batch_tokens):
-                with autocast:
-                    logp, _ = token_logprobs(self.model, batch.select(rows).to(device), temperature)
-                out[rows] = logp.to(out.device)
-        return out
-
-    def _update(self, local: Batch, rows: list[int], prox: torch.Tensor | None, temperature: float, autocast,
-                device, counts: tuple | None) -> dict[str, float]:
-        """One optimiser update on `rows` of `local` (a whole batch, or one mini-batch of one epoch):
-        forward and backward by micro-batch, then the step. The loss is normalised by `counts`
-        (the whole batch's tokens and sequences, across ranks) or, for a mini-batch, by its own."""
-        mini = local.select(rows)
-        tokens, seqs = counts or (mini.mask.sum(), (mini.mask.sum(1) > 0).sum())
-        if self.world > 1:  # DeepSpeed: one backward per step
-            parts = [list(range(len(mini)))]
-        else:
-            parts = micro_batches(mini.attention_mask.sum(1).tolist(), self.tc.micro_batch_size,
-                                  self.tc.micro_batch_tokens)
-        metrics: dict[str, float] = {}
-        for part_rows in parts:
-            part = mini.select(part_rows).to(device)
-            with autocast:  # the model's matmuls; token_logprobs hands back float32
-                logp, entropy = token_logprobs(self.model, part, temperature,
-                                               with_entropy=self.objective.entropy_coef != 0)
-                ref = None
-                if self.objective.kl_fn is not None:
-                    with torch.no_grad():
-                        ref, _ = token_logprobs(self.ref_model, part, temperature)
-            part_prox = None if prox is None else prox[[rows[i] for i in part_rows]].to(device)
-            loss, m = self.objective(logp, part, ref, entropy, tokens, seqs, prox=part_prox)
-            self.engine.backward(loss)
-            for k, v in m.items():  # loss terms add up over micro-batches; the rest by share of rows
-                metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k in ("loss", "policy_loss") else len(part) / len(mini))
-        metrics["grad_norm"] = self.engine.step()
-        return metrics
 
     # ---- versions ----------------------------------------------------------------------------
     def publish(self) -> None:

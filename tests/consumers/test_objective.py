@@ -2,7 +2,7 @@
 import pytest
 
 from streamrft.config import RunConfig
-from streamrft.consumers.trainer import Objective
+from streamrft.consumers.update import Objective
 
 
 def objective(workflow="single_turn", **explorer) -> Objective:

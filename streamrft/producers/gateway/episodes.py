@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrft.schemas import JsonObject, RolloutGroup, Task, Trajectory, new_id  # noqa: F401 (JsonObject: docs)
+from streamrft.schemas import RolloutGroup, Task, Trajectory
 
 
 @dataclass
