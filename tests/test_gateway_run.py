@@ -91,9 +91,14 @@ def test_an_outside_agent_trains_a_run_through_the_gateway(stack, tmp_path):
     lab = [decode(m.value(), RolloutGroup) for m in read_all(stack.kafka, topic_name(cfg.namespace, "rollouts", "lab"))]
     assert [g.group_id for g in lab] == [gid] and len(lab[0].trajectories) == 8
     assert all(t.info["assembly"] == "concatenated" for t in lab[0].trajectories)
-    agents = {decode(m.value(), RolloutGroup).group_id
-              for m in read_all(stack.kafka, topic_name(cfg.namespace, "rollouts", "agents"))}
+    agent_groups = [decode(m.value(), RolloutGroup) for m in read_all(stack.kafka, topic_name(cfg.namespace, "rollouts",
+                                                                                               "agents"))]
+    agents = {g.group_id for g in agent_groups}
     assert gid not in agents and len(agents) >= STEPS
+    # episodes whose calls spanned a weight swap keep each call's version; the trajectory carries the oldest
+    trajs = [t for g in agent_groups for t in g.trajectories]
+    assert all(t.model_version == min(t.info["versions"]) for t in trajs)
+    assert any(len(set(t.info["versions"])) > 1 for t in trajs), "no episode spanned a weight swap"
     scored = {decode(m.value(), ExperienceGroup).group_id
               for m in read_all(stack.kafka, topic_name(cfg.namespace, "experiences"))}
     filtered = {r.group_id for r in (decode(m.value()) for m in read_all(stack.kafka, topic_name(cfg.namespace, "admission")))
