@@ -390,7 +390,7 @@ def main() -> None:
                 f"of which submit to result {p50_99(t['worker'])}")
         if args.episodes:
             line += (f"\n      finish p50/p99 {p50_99(g['finish'])} ms; group admission "
-                     f"{p50_99(t['admission'])} ms ({len(t['admission'])} groups, one at a time), publish "
+                     f"{p50_99(t['admission'])} ms ({len(t['admission'])} groups; waiting ones share a decision), publish "
                      f"{p50_99(t['publish'])} ms; finishes {g['statuses']}; groups published "
                      f"{counters.get('groups_published', 0)}, trajectories {counters.get('trajectories', 0)}")
         if g["errors"]:

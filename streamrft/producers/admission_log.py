@@ -31,6 +31,13 @@ Counts = tuple[int, int, "int | None"]  # (generated, dropped, oldest version in
 FETCH_WAIT_MS = 100
 
 
+class _Ticket:
+    """One `open_group` request: decided by whichever caller takes it into a reservation."""
+
+    def __init__(self, version: int):
+        self.version, self.ok, self.decided = version, False, False
+
+
 class AdmissionLog:
     def __init__(self, kafka: KafkaConfig, namespace: str, explorer_id: str, lease_s: float = LEASE_S,
                  refresh_s: float = REFRESH_S):
@@ -51,6 +58,7 @@ class AdmissionLog:
         self._last_publish = 0.0
         self._open: dict[int, int] = {}  # open_group: weight version -> groups open with it
         self._opening = threading.Lock()
+        self._waiting: list[_Ticket] = []  # open_group requests not decided yet
 
     def start(self) -> "AdmissionLog":
         ensure_topics(self.kafka, {self.topic: run_topics(self.kafka, self.namespace)[self.topic]})
@@ -113,25 +121,47 @@ class AdmissionLog:
         """Start one more group made with weights `version` next to the groups this process has open
         (`reserve`/`end` are for a batch at a time, this for a server's concurrent groups). True when
         the records before the reservation leave room for all of them, the new one included; else
-        it is released at once. The ledger's `in_flight_version` is the oldest open group's."""
+        it is released at once. The ledger's `in_flight_version` is the oldest open group's.
+
+        Concurrent callers share decisions: whoever decides takes every request waiting at that
+        moment into one reservation record (a round trip to the broker each, ~30 ms here), granting
+        them in arrival order as far as the room goes."""
         self._check()
-        offset: list[int] = []
+        ticket = _Ticket(version)
+        with self._lock:
+            self._waiting.append(ticket)
         with self._opening:  # one decision at a time: each sees the open groups before it
-            with self._lock:
-                self._open[version] = self._open.get(version, 0) + 1
-                self._set_in_flight()
-                self._publish(on_acked=lambda msg: offset.append(msg.offset()))
-            self._producer_flush(timeout)
-            ok = False
-            with self._read:
+            if not ticket.decided:
+                self._decide(room, timeout)
+        self._check()
+        return ticket.ok
+
+    def _decide(self, room: Callable[[int, int, "int | None"], int], timeout: float) -> None:  # _opening held
+        offset: list[int] = []
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+            before = self.in_flight
+            for t in batch:
+                self._open[t.version] = self._open.get(t.version, 0) + 1
+            self._set_in_flight()
+            self._publish(on_acked=lambda msg: offset.append(msg.offset()))
+        self._producer_flush(timeout)
+        granted = 0
+        with self._read:
+            try:
                 if offset and self._read.wait_for(lambda: offset[0] in self._before or self.failed is not None,
                                                   timeout):
-                    ok = room(*self._before.pop(offset[0])) >= self.in_flight
-                if not ok:
-                    self._close(version)
-                    self._publish()
-        self._check()
-        return ok
+                    granted = max(0, min(len(batch), room(*self._before.pop(offset[0])) - before))
+            finally:  # whatever happened, every request of the batch is decided and what was refused released
+                self._settle(batch, granted)
+
+    def _settle(self, batch: list[_Ticket], granted: int) -> None:  # lock held
+        for i, t in enumerate(batch):
+            t.ok, t.decided = i < granted, True
+            if not t.ok:
+                self._close(t.version)
+        if granted < len(batch):
+            self._publish()
 
     def close_group(self, version: int, published: bool) -> None:
         """An open group (opened with `version`) is over: acknowledged by the broker, or dropped."""

@@ -107,7 +107,9 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
         log.info("eval v%d: %.3f", v, score)
 
     metrics_producer = make_producer(cfg.kafka)
-    worker = EngineWorker(engine, watcher.take, gcfg.batch_wait_ms / 1000, ex.engine.max_batch, between)
+    gw_ref: list = []  # the Gateway, made below, counts the requests on their way to the worker
+    worker = EngineWorker(engine, watcher.take, gcfg.batch_wait_ms / 1000, ex.engine.max_batch, between,
+                          arriving=lambda: gw_ref[0].arriving if gw_ref else 0)
     groups = GroupStore(tokenizer=engine.tokenizer, producer_id=gateway_id,
                         default_size=gcfg.group_size or ex.group_size, group_timeout_s=gcfg.group_timeout_s,
                         episode_timeout_s=gcfg.episode_timeout_s, max_open_episodes=gcfg.max_open_episodes,
@@ -116,6 +118,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
     gw = Gateway(worker, groups, keys, model_name=cfg.model.name,
                  max_tokens=gcfg.max_tokens or ex.sampling.max_new_tokens,
                  max_context=gcfg.max_context or ex.max_total_tokens, can_start=can_start)
+    gw_ref.append(gw)
     def publish_metrics() -> None:  # on the event loop (the counters' thread), every METRICS_EVERY_S
         opened = groups.open_counts()
         for team in keys.names:
@@ -138,6 +141,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
 
     def on_stop() -> None:
         worker.stop()
+        groups.close()
         watcher.stop()
         admission.stop()
         publish_metrics()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import math
 import time
@@ -102,6 +103,17 @@ class GroupStore:
         self.ended_episodes = Remembered()  # episode_id -> (team, answer of its finish or why it ended)
         self.ended_groups = Remembered()  # group_id -> (team, "published" | "dropped")
         self.counters: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        # pools of their own: an admission decision waits on the broker while holding its thread, and
+        # the loop's default pool (cores + 4 threads) would queue publishes and closes behind them
+        self._deciding = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="gateway-admission")
+        self._io = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gateway-publish")
+
+    def close(self) -> None:
+        self._deciding.shutdown(wait=False, cancel_futures=True)
+        self._io.shutdown(wait=True)
+
+    async def _in(self, pool: concurrent.futures.Executor, fn: Callable, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     # ---- calls ------------------------------------------------------------------------------------
     async def episode(self, team: str, episode_id: str, group_id: str | None, size: int | None,
@@ -145,7 +157,7 @@ class GroupStore:
             g = GroupState(gid, team, size, version, asyncio.get_running_loop().create_future())
             self.groups[gid] = g
             try:
-                ok = await asyncio.to_thread(self._open_group, version)
+                ok = await self._in(self._deciding, self._open_group, version)
             except Exception as e:
                 log.warning("admission decision failed: %s: %s", type(e).__name__, e)
                 ok = False
@@ -252,7 +264,7 @@ class GroupStore:
         group = build_group(g.group_id, g.team, [(e.episode_id, e.calls, e.finish) for e in finished],
                             self.tokenizer, self.producer_id)
         try:
-            await asyncio.to_thread(self._publish_fn, group)
+            await self._in(self._io, self._publish_fn, group)
         except Exception as e:
             self.counters[g.team]["publish_errors"] += 1
             log.warning("group %s not acknowledged (%s: %s); will retry", g.group_id, type(e).__name__, e)
@@ -263,7 +275,7 @@ class GroupStore:
         c["groups_partial"] += len(finished) < g.size
         c["trajectories"] += len(group.trajectories)
         self._end_group(g, "published")
-        await asyncio.to_thread(self._close_group, g.version, True)
+        await self._in(self._io, self._close_group, g.version, True)
 
     def _end_group(self, g: GroupState, status: str) -> None:
         self.groups.pop(g.group_id, None)
@@ -301,7 +313,7 @@ class GroupStore:
             else:
                 self.counters[g.team]["groups_dropped"] += 1
                 self._end_group(g, "dropped")
-                await asyncio.to_thread(self._close_group, g.version, False)
+                await self._in(self._io, self._close_group, g.version, False)
 
     def open_counts(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"open_groups": 0, "open_episodes": 0})

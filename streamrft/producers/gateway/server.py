@@ -78,6 +78,7 @@ class Gateway:
         self.report: Any = None  # called on the event loop every `report_every_s` (the metrics)
         self.report_every_s = 5.0
         self.unauthorized = 0
+        self.arriving = 0  # requests received, not handed to the engine thread yet (read by it)
         self.eval_episodes = Remembered(limit=10_000)  # (team, episode id) -> LastCall: eval episodes' last calls
         self.created = int(time.time())
 
@@ -149,6 +150,20 @@ class Gateway:
 
     # ---- one generation, recorded under its episode --------------------------------------------
     async def generate(self, request: Request, chat: bool) -> dict:
+        self.arriving += 1  # until handed to the engine thread, which may wait for it to batch with others
+        waiting = [True]
+
+        def handed() -> None:
+            if waiting[0]:
+                waiting[0] = False
+                self.arriving -= 1
+
+        try:
+            return await self._generate(request, chat, handed)
+        finally:
+            handed()
+
+    async def _generate(self, request: Request, chat: bool, handed) -> dict:
         team = self.team(request)
         try:
             body = await request.json()
@@ -188,6 +203,7 @@ class Gateway:
             self.store.begin(ep)
         call = last_call = None
         try:
+            handed()
             gen = await self.worker.submit(prompt_ids, params)
             cut = [apply_stop(self.tokenizer, c.token_ids, c.logprobs, stop, c.top_logprobs) for c in gen.completions]
             if episode_id is not None:

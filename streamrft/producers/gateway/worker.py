@@ -1,8 +1,10 @@
 """The gateway's engine thread: concurrent requests batched into rollout-engine calls, weights
 hot-swapped between calls exactly as explorers swap them.
 
-Requests wait in a queue; after the first one the thread waits `batch_wait_s` for others, then
-runs every request alike in sampling (n, temperature, top-p, top-k, top log-probs, stop tokens) as
+Requests wait in a queue. After the first one the thread waits, up to `batch_wait_s`, only while
+more are due: requests the server has received but not handed over yet (`arriving`), or fewer
+than the last batch held (its clients are likely to come back together). A lone client never
+waits. Then it runs every request alike in sampling (n, temperature, top-p, top-k, top log-probs, stop tokens) as
 one `engine.generate`, each cut back to its own `max_tokens`. A seeded request runs alone, so its
 samples depend on its seed only. Each result carries the weight version that generated it.
 """
@@ -64,10 +66,12 @@ def cut(tokenizer: Any, c: Completion, max_new_tokens: int) -> Completion:
 
 class EngineWorker:
     def __init__(self, engine: RolloutEngine, take_weights: Callable[[], Any], batch_wait_s: float = 0.005,
-                 max_batch: int = 64, between: Callable[[], None] | None = None):
+                 max_batch: int = 64, between: Callable[[], None] | None = None,
+                 arriving: Callable[[], int] = lambda: 0):
         """`take_weights()` gives (version, state, lora) or None (`WeightsWatcher.take`); `between()`
-        runs between engine calls (the held-out eval)."""
-        self.engine, self.take_weights, self.between = engine, take_weights, between
+        runs between engine calls (the held-out eval); `arriving()` counts requests on their way."""
+        self.engine, self.take_weights, self.between, self.arriving = engine, take_weights, between, arriving
+        self._last_batch = 1
         self.batch_wait_s, self.max_batch = batch_wait_s, max_batch
         self._queue: queue.Queue[_Request] = queue.Queue()
         self._stop = threading.Event()
@@ -112,9 +116,18 @@ class EngineWorker:
         batch, deadline = [first], time.monotonic() + self.batch_wait_s
         while len(batch) < self.max_batch:
             try:
-                batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                batch.append(self._queue.get_nowait())
+                continue
             except queue.Empty:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0 or (len(batch) >= self._last_batch and self.arriving() <= 0):
                 break
+            try:
+                batch.append(self._queue.get(timeout=min(left, 0.001)))
+            except queue.Empty:
+                pass
+        self._last_batch = len(batch)
         return batch
 
     def _run(self) -> None:
