@@ -173,3 +173,17 @@ def test_per_team_counters_reach_the_metrics_topic_and_status(served):
         assert teams[team]["episodes_finished"] <= local[team]["episodes_finished"]
     st = status.Status(kafka_ok=True, s3_ok=True, gateway=counters)
     assert "gateway teams:" in status.render(st) and "agents" in status.render(st)
+
+
+def test_concurrent_requests_share_engine_calls(served):
+    from concurrent.futures import ThreadPoolExecutor
+
+    stats = served.gw.worker.stats
+    calls, requests = stats["engine_calls"], stats["requests"]
+    client = served.client()
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda i: client.completions.create(model="policy", prompt="abc", max_tokens=4, logprobs=0),
+                             range(16)))
+    assert all(len(o.choices[0].logprobs.token_logprobs) == o.usage.completion_tokens for o in outs)
+    assert stats["requests"] - requests == 16
+    assert stats["engine_calls"] - calls < 16, "every request got an engine call of its own"
