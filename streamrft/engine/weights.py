@@ -6,7 +6,8 @@ manifest's meta (`LoraSpec.from_manifest(meta)`: full weights or a LoRA adapter)
 shards alone are no model: `publish_base_model` uploads, once per base, the files it is read with
 (config, tokenizer; the base weights under a LoRA adapter), and the meta names them. `export_version`
 writes a version as a plain HF directory (`AutoModelForCausalLM.from_pretrained`), an adapter
-merged into the base weights or laid out as a peft directory.
+merged into the base weights or laid out as a peft directory; `export_checkpoint` does the same
+for a trainer checkpoint on local disk.
 """
 from __future__ import annotations
 
@@ -140,3 +141,32 @@ def export_version(store: WeightStore, model: str, version: int, base_dir: str |
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+
+def export_checkpoint(checkpoint_dir: str | Path, base_dir: str | Path, out_dir: str | Path, lora: LoraSpec | None,
+                      merge_lora: bool = True) -> Path:
+    """A trainer checkpoint `v<N>` directory (`consumers.checkpoint`) exported as `export_version`
+    exports a version, the base files from the local `base_dir`. A full checkpoint holds the weights
+    as `save_pretrained` wrote them; a LoRA one `adapter.safetensors` alone, and records neither
+    rank nor alpha: `lora` is the run's `model.lora`, its rank checked against the adapter's."""
+    from safetensors.torch import load_file
+
+    from streamrft.engine.lora import LORA_A, write_peft_dir
+    from streamrft.engine.training.torch_engine import ADAPTER_FILE
+
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / ADAPTER_FILE).is_file():
+        state = load_shards(checkpoint_dir)
+        if not state:
+            raise FileNotFoundError(f"{checkpoint_dir} holds no weights (*.safetensors): not a trainer checkpoint")
+        return write_model_dir(state, None, base_dir, out_dir)
+    if lora is None:
+        raise ValueError(f"{checkpoint_dir} holds a LoRA adapter ({ADAPTER_FILE}) but the config has no model.lora: "
+                         "export it with the run's config")
+    state = load_file(str(checkpoint_dir / ADAPTER_FILE))
+    ranks = sorted({t.shape[0] for name, t in state.items() if name.endswith(LORA_A)})
+    if ranks != [lora.r]:
+        raise ValueError(f"{checkpoint_dir}: the adapter has rank {ranks}, the config's model.lora.r is {lora.r}: "
+                         "export it with the run's config")
+    if not merge_lora:
+        return write_peft_dir(state, lora, out_dir)
+    return write_model_dir(state, lora, base_dir, out_dir)

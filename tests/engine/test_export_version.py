@@ -1,6 +1,6 @@
 """`export_version`: a published weight version out of the real S3 store as a directory plain transformers
 loads, its base files from the local base directory or, when its manifest names them, from S3
-(`publish_base_model`)."""
+(`publish_base_model`); `streamrft export`'s argument errors."""
 from __future__ import annotations
 
 import pytest
@@ -76,7 +76,8 @@ def test_streamrft_export_writes_a_runs_version_as_a_model_directory(stack, name
     assert f"{namespace}/policy v2" in capsys.readouterr().out
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "latest"), local_files_only=True)
     assert all(torch.equal(t, trained[name]) for name, t in exported.state_dict().items())
-    assert main(["export", str(config), *endpoints, "--version", "7", "--out", str(tmp_path / "x")]) != 0
+    assert main(["export", str(config), *endpoints, "--version", "7", "--out", str(tmp_path / "x")]) == 2
+    assert "no version 7" in capsys.readouterr().err
 
 
 def test_a_base_is_uploaded_once_addressed_by_its_content(stack, namespace, tmp_path):
@@ -117,3 +118,21 @@ def test_a_version_naming_its_base_exports_without_the_base_directory(stack, nam
     assert all(torch.equal(exported.state_dict()[name], t) for name, t in trained.items())
     assert load_tokenizer(out)("ab c").input_ids == tokenizer_ids
 
+
+def test_streamrft_export_argument_errors_exit_2(stack, namespace, tmp_path, capsys):
+    from streamrft.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"namespace: {namespace}\nmodel: {{path: {tmp_path / 'base'}}}\n")
+    endpoints = ["stack.embedded=false", f"s3.endpoint={stack.s3.endpoint}", f"s3.access_key={stack.s3.access_key}",
+                 f"s3.secret_key={stack.s3.secret_key}", f"s3.bucket={stack.s3.bucket}"]
+    out = ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as both:
+        main(["export", str(config), "--version", "1", "--checkpoint", str(tmp_path), *out])
+    assert both.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert main(["export", str(config), *endpoints, *out]) == 2  # neither, and nothing published yet
+    err = capsys.readouterr().err
+    assert f"no version of {namespace}/policy" in err and "--checkpoint" in err
+    assert main(["export", str(config), "--checkpoint", str(tmp_path), *out]) == 2
+    assert "no trainer checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
