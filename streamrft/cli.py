@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from streamrft.infra.stack import embedded_stack, resolve_clients
 
@@ -121,14 +122,21 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """A run's weight version as a plain Hugging Face directory (config, tokenizer, chat template,
-    safetensors; a LoRA version merged into its base) that `from_pretrained` loads. With the embedded
-    stack, it is started for the export (and stopped again) when it is not running."""
+    """A run's weight version (`--version`, default the newest in S3) or a trainer checkpoint
+    (`--checkpoint`) as a plain Hugging Face directory (config, tokenizer, chat template,
+    safetensors) that `from_pretrained` loads; a LoRA adapter merged into its base, or with
+    `--no-merge-lora` a peft adapter directory. A version takes its base files from S3 when its
+    manifest names them, else from `model.path`; a checkpoint from `model.path`. With the embedded
+    stack, it is started for a version's export (and stopped again) when it is not running.
+    Arguments that name nothing to export exit with 2, as argparse's own errors do."""
     from streamrft.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if args.checkpoint is not None:
+        return _export_checkpoint(cfg, args)
     from streamrft.engine.weights import export_version
     from streamrft.infra.objectstore import WeightStore
 
-    cfg = load_config(args.config, args.overrides)
     es = embedded_stack(cfg.stack, cfg.s3) if cfg.stack.embedded else None
     started = es is not None and not any(es.running().values())
     if es is not None:
@@ -137,17 +145,49 @@ def cmd_export(args) -> int:
         _, s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
         store = WeightStore(s3)
         versions = store.list_versions(cfg.weights_key)
-        version = (versions[-1] if versions else None) if args.version is None else args.version
+        if not versions:
+            print(f"streamrft: no version of {cfg.weights_key} in s3://{s3.bucket} to export: is this the run's "
+                  "config? (a trainer checkpoint exports with --checkpoint DIR)", file=sys.stderr)
+            return 2
+        version = versions[-1] if args.version is None else args.version
         if version not in versions:
-            print(f"streamrft: no version {'' if version is None else version} of {cfg.weights_key} in "
-                  f"s3://{s3.bucket} (there: {versions})", file=sys.stderr)
+            print(f"streamrft: no version {version} of {cfg.weights_key} in s3://{s3.bucket} (there: {versions})",
+                  file=sys.stderr)
+            return 2
+        try:
+            out = export_version(store, cfg.weights_key, version, cfg.model.path, args.out,
+                                 merge_lora=args.merge_lora)
+        except FileNotFoundError as e:  # no base in S3 and no base directory
+            print(f"streamrft: {e}", file=sys.stderr)
             return 1
-        out = export_version(store, cfg.weights_key, version, cfg.model.path, args.out)
         print(f"exported {cfg.weights_key} v{version} to {out}")
         return 0
     finally:
         if started:
             es.down()
+
+
+def _export_checkpoint(cfg, args) -> int:
+    """`--checkpoint DIR`: a `v<N>` checkpoint, or a trainer's checkpoint directory (its newest
+    complete checkpoint, as a restarted trainer would pick it)."""
+    from streamrft.consumers import checkpoint
+    from streamrft.engine.weights import export_checkpoint
+
+    ckpt = Path(args.checkpoint)
+    if not (ckpt / checkpoint.STATE).is_file():
+        found = checkpoint.latest(ckpt)
+        if found is None:
+            print(f"streamrft: {ckpt} is no trainer checkpoint: neither a v<N> directory with {checkpoint.STATE} nor "
+                  "a checkpoint directory holding one", file=sys.stderr)
+            return 2
+        ckpt = found[0]
+    try:
+        out = export_checkpoint(ckpt, cfg.model.path, args.out, cfg.model.lora, merge_lora=args.merge_lora)
+    except (FileNotFoundError, ValueError) as e:  # no base directory, or a config that does not fit
+        print(f"streamrft: {e}", file=sys.stderr)
+        return 1
+    print(f"exported checkpoint {ckpt} to {out}")
+    return 0
 
 
 def cmd_topics(args) -> int:
@@ -263,9 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="build the model, data and warm-up stages a config names (idempotent)")
     _config_args(p)
     p.set_defaults(fn=cmd_prepare)
-    p = sub.add_parser("export", help="a weight version as a Hugging Face model directory (LoRA merged)")
+    p = sub.add_parser("export", help="a weight version or trainer checkpoint as a Hugging Face model directory")
     _config_args(p)
-    p.add_argument("--version", type=int, default=None, help="the version (default: the newest in S3)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--version", type=int, default=None, help="the version in S3 (default: the newest)")
+    which.add_argument("--checkpoint", default=None, metavar="DIR",
+                       help="a trainer checkpoint v<N> directory, or the trainer's checkpoint directory (its newest)")
+    p.add_argument("--merge-lora", action=argparse.BooleanOptionalAction, default=True,
+                   help="merge a LoRA adapter into its base (default), or write the peft adapter directory")
     p.add_argument("--out", required=True, help="the directory to write")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("topics", help="create the run's topics if missing (idempotent) and list them")

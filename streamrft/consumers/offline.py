@@ -153,14 +153,15 @@ class OfflineTrainer:
             self.tokenizer.save_pretrained(final)
         version = None
         if publish and self.engine.is_main:
-            from streamrft.engine.weights import publish_state_dict
+            from streamrft.engine.weights import publish_base_model, publish_state_dict
             from streamrft.infra.objectstore import WeightStore
 
             store = WeightStore(self.cfg.s3)
             store.ensure_bucket()
             version = tc.max_steps
+            base = publish_base_model(store, self.cfg.weights_key, self.cfg.model.path, weights=False)
             publish_state_dict(store, self.cfg.weights_key, version, state,
-                               meta={"step": tc.max_steps, "algorithm": self.type, "data": self.data.path})
+                               meta={"step": tc.max_steps, "algorithm": self.type, "data": self.data.path, **base})
         return {"algorithm": self.type, "steps": tc.max_steps, "losses": losses, "metrics": metrics,
                 "final_dir": str(final), "version": version}
 

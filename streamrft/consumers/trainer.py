@@ -13,6 +13,7 @@ On restart it resumes from the newest complete checkpoint and seeks to its offse
 is lost or retrained; `_start_plan` keeps version numbers from going backwards or being reused.
 With `model.lora` only adapters train, and every version (version 0 too: B = 0, the base itself)
 and checkpoint holds the adapter alone, its manifest meta saying so (`kind: lora`, r, alpha).
+Every version's meta names the base model files uploaded beside the versions (`base`, `base_sha256`).
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ class Trainer(UpdateLoop):
         self.position = dict(self.next_offsets)       # past every record taken off `pending`
         self.trained_since_ckpt: list[str] = []
         self.update_metrics: list[dict[str, float]] = []  # one per optimiser update of the last step
+        self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
@@ -276,9 +278,17 @@ class Trainer(UpdateLoop):
         self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
 
     def _version_meta(self) -> dict:
-        """A version's manifest meta: its step and what it holds (`LoraSpec.from_manifest` reads it)."""
+        """A version's manifest meta: its step, what it holds (`LoraSpec.from_manifest` reads it) and
+        where its base model's config and tokenizer are (with LoRA its weights too), uploaded with the
+        first version this process publishes (`publish_base_model`: a restart finds them there), so
+        that every version exports from S3 alone. Explorers read only what `from_manifest` reads."""
+        from streamrft.engine.weights import publish_base_model
+
         lora = self.cfg.model.lora
-        return {"step": self.state.step, **(lora.manifest_meta() if lora else {"kind": "full"})}
+        if self._base_meta is None:
+            self._base_meta = publish_base_model(self.store, self.cfg.weights_key, self.cfg.model.path,
+                                                 weights=lora is not None)
+        return {"step": self.state.step, **(lora.manifest_meta() if lora else {"kind": "full"}), **self._base_meta}
 
     def _commit(self) -> None:
         """Commit the checkpoint's offsets for people and tools. The checkpoint, not this commit,

@@ -3,6 +3,9 @@
 Layout: `s3://<bucket>/<model>/v<N>/<file>` plus `manifest.json` (every file's size and sha256),
 written LAST. A version exists only once its manifest does, so a publisher that dies mid-upload
 leaves nothing a reader would load; `fetch_version` verifies every byte before returning.
+`<model>/base/<digest>/` holds the files of the base model a run's versions are read with (config,
+tokenizer; the weights too when versions are LoRA adapters), uploaded once, manifest last, and
+addressed by their content: every version's meta names it (`engine.weights.publish_base_model`).
 Every S3 call rides out a restart of the server: transient errors (connection refused or reset,
 timeouts, 5xx) are retried with exponential backoff for up to `retry_s` seconds, then
 `StoreUnavailableError` says so loudly. Errors that a retry cannot fix (NoSuchKey, access
@@ -29,6 +32,7 @@ from streamrft.config import S3Config
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+BASE = "base"
 _VERSION_RE = re.compile(r"^v(\d+)/" + re.escape(MANIFEST) + "$")
 # S3 error codes that mean "try again later", not "this request is wrong"
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "OperationAborted"}
@@ -77,6 +81,16 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def file_entries(files: list[Path]) -> dict[str, dict]:
+    """name -> {"size", "sha256"} of each file, as a manifest records them."""
+    return {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in map(Path, files)}
+
+
+def files_digest(entries: dict[str, dict]) -> str:
+    """sha256 over the names and sha256s of `entries`: one digest that pins every byte of a base."""
+    return hashlib.sha256(json.dumps({n: e["sha256"] for n, e in entries.items()}, sort_keys=True).encode()).hexdigest()
 
 
 def make_client(cfg: S3Config) -> Minio:
@@ -133,16 +147,74 @@ class WeightStore:
         """
         prefix = self.prefix(model, version)
         self._retry(f"remove {prefix}{MANIFEST}", self.client.remove_object, self.bucket, prefix + MANIFEST)
-        entries = {}
-        for path in map(Path, files):
-            digest = sha256_file(path)
-            self._retry(f"upload {prefix}{path.name}", self.client.fput_object, self.bucket, prefix + path.name, str(path))
-            entries[path.name] = {"size": path.stat().st_size, "sha256": digest}
+        entries = file_entries(files)
+        self._upload(prefix, files)
         manifest = Manifest(model, version, entries, time.time(), meta or {})
-        data = manifest.to_bytes()
-        self._retry(f"upload {prefix}{MANIFEST}", lambda: self.client.put_object(
-            self.bucket, prefix + MANIFEST, io.BytesIO(data), len(data), content_type="application/json"))
+        self._put(prefix + MANIFEST, manifest.to_bytes())
         return manifest
+
+    def _upload(self, prefix: str, files: list[Path]) -> None:
+        for path in map(Path, files):
+            self._retry(f"upload {prefix}{path.name}", self.client.fput_object, self.bucket, prefix + path.name, str(path))
+
+    def _put(self, name: str, data: bytes) -> None:
+        self._retry(f"upload {name}", lambda: self.client.put_object(
+            self.bucket, name, io.BytesIO(data), len(data), content_type="application/json"))
+
+    def _get(self, name: str) -> bytes:
+        def read() -> bytes:
+            resp = self.client.get_object(self.bucket, name)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._retry(f"read {name}", read)
+
+    def _download(self, prefix: str, entries: dict[str, dict], dest: Path) -> None:
+        """Every file of `entries` from `prefix` into `dest`, each checked against its size and sha256."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, expect in entries.items():
+            target = dest / name
+            self._retry(f"download {prefix}{name}", self.client.fget_object, self.bucket, prefix + name, str(target))
+            size = target.stat().st_size
+            if size != expect["size"]:
+                raise CorruptVersionError(f"{prefix}{name}: {size} bytes, manifest says {expect['size']}")
+            digest = sha256_file(target)
+            if digest != expect["sha256"]:
+                raise CorruptVersionError(f"{prefix}{name}: sha256 {digest[:12]}…, manifest says {expect['sha256'][:12]}…")
+
+    def publish_base(self, model: str, files: list[Path]) -> tuple[str, str]:
+        """Upload a base model's `files` under `<model>/base/<digest[:16]>/` unless they are there
+        already; returns (that prefix, the digest).
+
+        Addressed by content, so a restarted trainer uploads nothing again, and a run whose base
+        changes gets a new prefix while the versions trained on the old base keep theirs.
+        """
+        entries = file_entries(files)
+        digest = files_digest(entries)
+        prefix = f"{model}/{BASE}/{digest[:16]}/"
+        try:
+            self._retry(f"stat {prefix}{MANIFEST}", self.client.stat_object, self.bucket, prefix + MANIFEST)
+            return prefix, digest
+        except S3Error as e:
+            if e.code != "NoSuchKey":
+                raise
+        self._upload(prefix, files)
+        manifest = {"files": entries, "sha256": digest}
+        self._put(prefix + MANIFEST, json.dumps(manifest, sort_keys=True, indent=1).encode())
+        return prefix, digest
+
+    def fetch_base(self, prefix: str, digest: str, dest: Path) -> list[str]:
+        """Download a base's files into `dest`, verified against the `digest` a version's meta
+        names (`publish_base`); returns their names. Raises CorruptVersionError on any mismatch."""
+        entries = json.loads(self._get(prefix + MANIFEST))["files"]
+        if files_digest(entries) != digest:
+            raise CorruptVersionError(f"{prefix}{MANIFEST} lists files of digest {files_digest(entries)[:12]}…, "
+                                      f"the version names {digest[:12]}…")
+        self._download(prefix, entries, Path(dest))
+        return sorted(entries)
 
     def _list(self, prefix: str) -> list:
         # list_objects is lazy: the whole listing is one retried unit
@@ -163,33 +235,13 @@ class WeightStore:
         return versions[-1] if versions else None
 
     def read_manifest(self, model: str, version: int) -> Manifest:
-        name = self.prefix(model, version) + MANIFEST
-
-        def read() -> bytes:
-            resp = self.client.get_object(self.bucket, name)
-            try:
-                return resp.read()
-            finally:
-                resp.close()
-                resp.release_conn()
-
-        return Manifest(**json.loads(self._retry(f"read {name}", read)))
+        return Manifest(**json.loads(self._get(self.prefix(model, version) + MANIFEST)))
 
     def fetch_version(self, model: str, version: int, dest: Path) -> Manifest:
         """Download every file of a version into `dest` and verify it; raises CorruptVersionError."""
         manifest = self.read_manifest(model, version)
         dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        prefix = self.prefix(model, version)
-        for name, expect in manifest.files.items():
-            target = dest / name
-            self._retry(f"download {prefix}{name}", self.client.fget_object, self.bucket, prefix + name, str(target))
-            size = target.stat().st_size
-            if size != expect["size"]:
-                raise CorruptVersionError(f"{prefix}{name}: {size} bytes, manifest says {expect['size']}")
-            digest = sha256_file(target)
-            if digest != expect["sha256"]:
-                raise CorruptVersionError(f"{prefix}{name}: sha256 {digest[:12]}…, manifest says {expect['sha256'][:12]}…")
+        self._download(self.prefix(model, version), manifest.files, dest)
         (dest / MANIFEST).write_bytes(manifest.to_bytes())
         return manifest
 

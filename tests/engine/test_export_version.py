@@ -1,4 +1,6 @@
-"""`export_version`: a published weight version out of the real S3 store as a directory plain transformers loads."""
+"""`export_version`: a published weight version out of the real S3 store as a directory plain transformers
+loads, its base files from the local base directory or, when its manifest names them, from S3
+(`publish_base_model`); `streamrft export`'s argument errors."""
 from __future__ import annotations
 
 import pytest
@@ -74,4 +76,63 @@ def test_streamrft_export_writes_a_runs_version_as_a_model_directory(stack, name
     assert f"{namespace}/policy v2" in capsys.readouterr().out
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "latest"), local_files_only=True)
     assert all(torch.equal(t, trained[name]) for name, t in exported.state_dict().items())
-    assert main(["export", str(config), *endpoints, "--version", "7", "--out", str(tmp_path / "x")]) != 0
+    assert main(["export", str(config), *endpoints, "--version", "7", "--out", str(tmp_path / "x")]) == 2
+    assert "no version 7" in capsys.readouterr().err
+
+
+def test_a_base_is_uploaded_once_addressed_by_its_content(stack, namespace, tmp_path):
+    from streamrft.engine.weights import publish_base_model
+    from streamrft.infra.objectstore import MANIFEST, CorruptVersionError
+
+    base = tmp_path / "base"
+    build_tiny_model(base, build_char_tokenizer("abc "), hidden_size=8, layers=1, heads=2, seed=0)
+    store, key = WeightStore(stack.s3), f"{namespace}/policy"
+    meta = publish_base_model(store, key, base, weights=False)
+    manifest = store.client.stat_object(store.bucket, meta["base"] + MANIFEST)
+    assert publish_base_model(store, key, base, weights=False) == meta  # a restarted trainer: nothing uploaded
+    assert store.client.stat_object(store.bucket, meta["base"] + MANIFEST).last_modified == manifest.last_modified
+    names = store.fetch_base(meta["base"], meta["base_sha256"], tmp_path / "fetched")
+    assert "config.json" in names and "tokenizer.json" in names and "model.safetensors" not in names
+    with_weights = publish_base_model(store, key, base, weights=True)  # what LoRA versions are merged into
+    assert with_weights["base"] != meta["base"]
+    assert "model.safetensors" in store.fetch_base(with_weights["base"], with_weights["base_sha256"], tmp_path / "w")
+    with pytest.raises(CorruptVersionError):  # a version names its base's exact content
+        store.fetch_base(meta["base"], with_weights["base_sha256"], tmp_path / "x")
+
+
+def test_a_version_naming_its_base_exports_without_the_base_directory(stack, namespace, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from streamrft.engine.weights import publish_base_model
+
+    base = tmp_path / "base"
+    model = build_tiny_model(base, build_char_tokenizer("abc "), hidden_size=8, layers=1, heads=2, seed=0)
+    trained = {k: v * 2.0 for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    store, key = WeightStore(stack.s3), f"{namespace}/policy"
+    publish_state_dict(store, key, 1, trained, meta={"kind": "full", **publish_base_model(store, key, base, False)})
+    tokenizer_ids = load_tokenizer(base)("ab c").input_ids
+    base.rename(tmp_path / "elsewhere")
+    out = export_version(store, key, 1, base, tmp_path / "v1")
+    assert not (out / ".fetch").exists()
+    exported = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    assert all(torch.equal(exported.state_dict()[name], t) for name, t in trained.items())
+    assert load_tokenizer(out)("ab c").input_ids == tokenizer_ids
+
+
+def test_streamrft_export_argument_errors_exit_2(stack, namespace, tmp_path, capsys):
+    from streamrft.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"namespace: {namespace}\nmodel: {{path: {tmp_path / 'base'}}}\n")
+    endpoints = ["stack.embedded=false", f"s3.endpoint={stack.s3.endpoint}", f"s3.access_key={stack.s3.access_key}",
+                 f"s3.secret_key={stack.s3.secret_key}", f"s3.bucket={stack.s3.bucket}"]
+    out = ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as both:
+        main(["export", str(config), "--version", "1", "--checkpoint", str(tmp_path), *out])
+    assert both.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert main(["export", str(config), *endpoints, *out]) == 2  # neither, and nothing published yet
+    err = capsys.readouterr().err
+    assert f"no version of {namespace}/policy" in err and "--checkpoint" in err
+    assert main(["export", str(config), "--checkpoint", str(tmp_path), *out]) == 2
+    assert "no trainer checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
