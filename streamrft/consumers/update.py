@@ -116,7 +116,7 @@ class UpdateLoop:
                                       self.tc.micro_batch_tokens):
                 with autocast:
                     logp, _ = token_logprobs(self.model, batch.select(rows).to(device), temperature)
-                out[rows] = logp.to(out.device)
+                out[rows, :logp.shape[1]] = logp.to(out.device)  # select() dropped trailing padding columns
         return out
 
     def _update(self, local: Batch, rows: list[int], prox: torch.Tensor | None, temperature: float, autocast,
@@ -141,7 +141,8 @@ class UpdateLoop:
                 if self.objective.kl_fn is not None:
                     with torch.no_grad():
                         ref, _ = token_logprobs(self.ref_model, part, temperature)
-            part_prox = None if prox is None else prox[[rows[i] for i in part_rows]].to(device)
+            # prox spans `local`'s columns; select() cut this part to its longest row
+            part_prox = None if prox is None else prox[[rows[i] for i in part_rows], :part.mask.shape[1]].to(device)
             loss, m = self.objective(logp, part, ref, entropy, tokens, seqs, prox=part_prox)
             self.engine.backward(loss)
             for k, v in m.items():  # loss terms add up over micro-batches; the rest by share of rows
