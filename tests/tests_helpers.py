@@ -94,6 +94,45 @@ class Countdown:
         return StepResult(" next:", 0.0, False, {})
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it, parents first, read from /proc. Children that
+    torchrun starts run in sessions of their own: only the parent links find them, so take this
+    while the parents are alive."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def kill_tree(pids: list[int]) -> None:
+    """SIGKILL each of `pids` (a `process_tree` snapshot) that still runs."""
+    import os
+    import signal
+
+    from streamrft.infra.stack import pid_alive
+
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def random_samples(n: int, seed: int, vocab: int) -> list[tuple]:
     """`n` (trajectory, advantage, reward) of varied prompt and response lengths, the same for a seed."""
     import random

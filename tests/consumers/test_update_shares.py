@@ -1,5 +1,6 @@
-"""`consumers/update.py` pieces that need no stack: decoupled PPO's proximal log-probs with
-micro-batches of different widths (`select` cuts each to its longest row)."""
+"""`consumers/update.py` pieces that need no stack: the ranks' shares of a batch, the zero-weighted
+row a rank with no share trains on, and decoupled PPO's proximal log-probs with micro-batches of
+different widths (`select` cuts each to its longest row)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +13,28 @@ from tests_helpers import random_samples, update_loop  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "cpu_demo.yaml"
 PPO = ("algorithm.policy_loss.type=decoupled_ppo", "trainer.ppo_epochs=2", "trainer.mini_batches=2")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_rank_shares_cover_the_rows_in_order_and_differ_by_one_at_most(world):
+    from streamrft.consumers.update import rank_share
+
+    for rows in range(0, 12):
+        shares = [rank_share(rows, world, r) for r in range(world)]
+        assert [i for s, e in shares for i in range(s, e)] == list(range(rows))
+        sizes = [e - s for s, e in shares]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+        assert sizes[0] == -(-rows // world)
+
+
+def test_the_padding_row_is_a_real_row_that_weighs_nothing():
+    from streamrft.consumers.batch import collate
+    from streamrft.consumers.update import padding_row
+
+    batch = collate(random_samples(3, seed=0, vocab=20), pad_id=0)
+    pad = padding_row(batch)
+    assert len(pad) == 1 and torch.equal(pad.input_ids, batch.input_ids[:1])
+    assert pad.mask.sum() == 0 and pad.advantages.tolist() == [0.0] and pad.rewards.tolist() == [0.0]
 
 
 def test_decoupled_ppo_micro_batches_of_different_widths_match_one_micro_batch(tmp_path):
