@@ -92,3 +92,75 @@ class Countdown:
         if self.next == 0:
             return StepResult("done", 1.0, True, {})
         return StepResult(" next:", 0.0, False, {})
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it, parents first, read from /proc. Children that
+    torchrun starts run in sessions of their own: only the parent links find them, so take this
+    while the parents are alive."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def kill_tree(pids: list[int]) -> None:
+    """SIGKILL each of `pids` (a `process_tree` snapshot) that still runs."""
+    import os
+    import signal
+
+    from streamrft.infra.stack import pid_alive
+
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def random_samples(n: int, seed: int, vocab: int) -> list[tuple]:
+    """`n` (trajectory, advantage, reward) of varied prompt and response lengths, the same for a seed."""
+    import random
+
+    from streamrft.schemas import Trajectory
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(4, vocab) for _ in range(rng.randint(2, 6))]
+        response = [rng.randrange(4, vocab) for _ in range(rng.randint(1, 7))]
+        t = Trajectory(traj_id=f"s{seed}-{i}", group_id=f"g{seed}", task_id=f"t{seed}", model_version=0,
+                       prompt_ids=prompt, response_ids=response,
+                       logprobs=[-rng.uniform(0.5, 4.0) for _ in response])
+        out.append((t, rng.uniform(-1.5, 1.5), rng.random()))
+    return out
+
+
+def update_loop(cfg, engine, ref_model, tokenizer, world: int = 1):
+    """`consumers.update.UpdateLoop` on `engine` without the rest of a Trainer (no Kafka, no S3):
+    `train_step(samples)` as the trainer makes it (no batch-level advantage)."""
+    from streamrft.consumers.checkpoint import TrainerState
+    from streamrft.consumers.update import Objective, UpdateLoop
+
+    loop = UpdateLoop()
+    loop.cfg, loop.tc, loop.engine, loop.model = cfg, cfg.trainer, engine, engine.model
+    loop.objective, loop.batch_advantage, loop.reward_kl = Objective(cfg), None, None
+    loop.ref_model = ref_model if loop.objective.kl_fn is not None else None
+    loop.tokenizer, loop.device, loop.world = tokenizer, "cpu", world
+    loop.state, loop.update_metrics = TrainerState(), []
+    return loop

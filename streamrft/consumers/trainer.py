@@ -11,6 +11,10 @@ Every `sync_interval` steps, in this order: flush the dead letters, publish vers
 ids), announce on the weights topic, commit offsets (retried; the checkpoint is the authority).
 On restart it resumes from the newest complete checkpoint and seeks to its offsets, so nothing
 is lost or retrained; `_start_plan` keeps version numbers from going backwards or being reused.
+With DeepSpeed (`trainer.engine: deepspeed`, ranks under torchrun) rank 0 alone talks to Kafka and
+S3 and broadcasts each batch and the checkpoint to resume from; every rank makes the same
+collectives in the same order (every update, the ZeRO-3 gather of each published version, the
+checkpoint's shards), so no rank waits on a call another skipped (`consumers/update.py`).
 With `model.lora` only adapters train, and every version (version 0 too: B = 0, the base itself)
 and checkpoint holds the adapter alone, its manifest meta saying so (`kind: lora`, r, alpha).
 Every version's meta names the base model files uploaded beside the versions (`base`, `base_sha256`).
@@ -62,7 +66,9 @@ class Trainer(UpdateLoop):
         self.is_main = getattr(self.engine, "is_main", True)
         self.world = getattr(self.engine, "world", 1)
         self._lock = checkpoint.lock(self.ckpt_dir) if self.is_main else None
-        found = checkpoint.latest(self.ckpt_dir)
+        found = checkpoint.latest(self.ckpt_dir) if self.is_main else None
+        if self.world > 1:  # every rank loads the checkpoint rank 0 chose, holding the lock (a collective)
+            found = self.engine.broadcast(found)
         self.state = checkpoint.TrainerState()
         if found is not None:
             self.engine.load(found[0])
@@ -263,6 +269,7 @@ class Trainer(UpdateLoop):
         barrier = getattr(self.engine, "barrier", lambda: None)
         if not self.is_main:
             checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, is_main=False, barrier=barrier)
+            self.trained_since_ckpt = []  # rank 0's copy goes into the checkpoint
             return
         # the dead letters of records this checkpoint moves past must be acknowledged first
         flush_or_raise(self.producer, timeout=60)
@@ -320,8 +327,10 @@ class Trainer(UpdateLoop):
                     "version's commit carries newer ones", self.state.version)
 
     def _write_checkpoint(self, directory: Path) -> None:
+        """Called on every rank (DeepSpeed writes its shards collectively); a critic (every rank
+        trains its copy on the same whole batches) is written by rank 0 alone, not by all at once."""
         self.engine.save(directory)
-        if hasattr(self.batch_advantage, "save"):
+        if hasattr(self.batch_advantage, "save") and self.is_main:
             self.batch_advantage.save(directory)
 
     def announce(self, manifest_sha: str = "") -> None:

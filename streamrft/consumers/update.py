@@ -6,6 +6,16 @@ length normaliser). `UpdateLoop.train_step` collates a batch, computes batch-lev
 `ppo_epochs x mini_batches` updates (decoupled PPO clips against the batch-start policy, its
 log-probs computed once), each forward and backward by micro-batch. The `Trainer` (trainer.py)
 mixes it in and owns the rest: Kafka, staleness and dedup, versions, checkpoints.
+
+With DeepSpeed data parallelism (`world` > 1) every rank holds the whole batch and draws the same
+mini-batches from it; of each update's rows (the batch's, or a mini-batch's) a rank trains on its
+contiguous share (`rank_share`: sizes differ by at most one row, the first ranks' the larger).
+Every rank makes the same forwards, backwards and optimiser steps, because ZeRO's gradient
+reduce-scatter, ZeRO-3's parameter gathers and the step are collectives: a rank whose share is
+empty (fewer rows than ranks) makes the update on one zero-weighted row instead (`padding_row`:
+a real row with its loss mask zeroed, so every parameter gets a zero gradient and the loss gains
+nothing). The loss is normalised by the counts of the update's rows on all ranks, so the update
+is the one a single process makes on the same rows.
 """
 from __future__ import annotations
 
@@ -55,6 +65,23 @@ class Objective:
                                 global_seqs=global_seqs, norm_len=self.norm_len)
 
 
+def rank_share(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """(start, stop) of `rank`'s contiguous share of `rows` rows: sizes differ by at most one, the
+    first ranks take the extra rows (rank 0's share is the largest, -(-rows // world)); a rank
+    past the rows gets an empty share."""
+    base, extra = divmod(rows, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def padding_row(batch: Batch) -> Batch:
+    """One real row of `batch` with its loss mask, advantage and reward zeroed: a rank with no rows
+    of its own forwards and backwards it to join the collectives, contributing exactly zero."""
+    row = batch.slice(0, 1)
+    return Batch(row.input_ids, row.attention_mask, torch.zeros_like(row.mask), row.old_logprobs,
+                 torch.zeros_like(row.advantages), torch.zeros_like(row.rewards))
+
+
 class UpdateLoop:
     """Mixed into `Trainer`, which sets: cfg, tc, model, ref_model, engine, objective,
     batch_advantage, reward_kl, tokenizer, device, world, state, update_metrics."""
@@ -75,29 +102,34 @@ class UpdateLoop:
             batch.advantages, extra = self.batch_advantage(batch, penalty)
             metrics.update(extra)
         self.model.train()
-        local = batch
-        if self.world > 1:  # this rank's contiguous share; the counts above stay global
-            per = -(-len(batch) // self.world)
-            rank = self.engine.rank
-            local = batch.slice(rank * per, (rank + 1) * per)
         device = next(self.model.parameters()).device
         autocast = torch.autocast(device.type, dtype=getattr(torch, self.tc.autocast or "float32"),
                                   enabled=self.tc.autocast is not None)
         updates = self.tc.ppo_epochs * self.tc.mini_batches
         # decoupled PPO clips against the proximal policy: the weights at the start of this batch,
         # their log-probs computed once (with one update per batch they equal the current ones)
-        prox = self._logprobs(local, temperature, autocast, device) if updates > 1 and \
+        prox = self._logprobs(batch, temperature, autocast, device) if updates > 1 and \
             self.objective.loss_name == "decoupled_ppo" else None
-        order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)
+        pad = padding_row(batch) if self.world > 1 else None
+        order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)  # the same on every rank
         self.update_metrics = []
         for _ in range(self.tc.ppo_epochs):
-            rows = torch.randperm(len(local), generator=order).tolist() if self.tc.mini_batches > 1 \
-                else list(range(len(local)))
+            rows = torch.randperm(len(batch), generator=order).tolist() if self.tc.mini_batches > 1 \
+                else list(range(len(batch)))
             for k in range(self.tc.mini_batches):
                 mini_rows = rows[k::self.tc.mini_batches]
+                if not mini_rows:
+                    continue  # a mini-batch beyond the batch: skipped on every rank alike
+                mask = batch.mask[mini_rows]  # one update: the whole batch; several: this mini-batch
+                counts = (global_tokens, global_seqs) if updates == 1 else (mask.sum(), (mask.sum(1) > 0).sum())
+                if pad is not None:  # this rank's contiguous share of the update's rows
+                    start, stop = rank_share(len(mini_rows), self.world, self.engine.rank)
+                    mini_rows = mini_rows[start:stop]
                 if mini_rows:
-                    self.update_metrics.append(self._update(local, mini_rows, prox, temperature, autocast, device,
-                                                            (global_tokens, global_seqs) if updates == 1 else None))
+                    self.update_metrics.append(self._update(batch, mini_rows, prox, temperature, autocast, device,
+                                                            counts))
+                else:  # no rows here, some on other ranks: join the update's collectives on a zero-weight row
+                    self.update_metrics.append(self._update(pad, [0], None, temperature, autocast, device, counts))
         for key in {k for m in self.update_metrics for k in m}:  # means over the updates
             values = [m[key] for m in self.update_metrics if key in m]
             metrics[key] = sum(values) / len(values)
@@ -109,23 +141,30 @@ class UpdateLoop:
         return metrics
 
     def _logprobs(self, batch: Batch, temperature: float, autocast, device) -> torch.Tensor:
-        """The current policy's log-probs of every row of `batch`, without gradients, by micro-batch."""
+        """The current policy's log-probs of every row of `batch`, without gradients, by micro-batch.
+        DeepSpeed: the whole batch in one forward on every rank (a rank's shares of the mini-batches
+        may be any rows; ZeRO-3 gathers the weights in each forward, so every rank makes as many)."""
         out = torch.zeros_like(batch.old_logprobs)
+        if self.world > 1:
+            parts = [list(range(len(batch)))]
+        else:
+            parts = micro_batches(batch.attention_mask.sum(1).tolist(), self.tc.micro_batch_size,
+                                  self.tc.micro_batch_tokens)
         with torch.no_grad():
-            for rows in micro_batches(batch.attention_mask.sum(1).tolist(), self.tc.micro_batch_size,
-                                      self.tc.micro_batch_tokens):
+            for rows in parts:
                 with autocast:
                     logp, _ = token_logprobs(self.model, batch.select(rows).to(device), temperature)
-                out[rows] = logp.to(out.device)
+                out[rows, :logp.shape[1]] = logp.to(out.device)  # select() dropped trailing padding columns
         return out
 
-    def _update(self, local: Batch, rows: list[int], prox: torch.Tensor | None, temperature: float, autocast,
-                device, counts: tuple | None) -> dict[str, float]:
-        """One optimiser update on `rows` of `local` (a whole batch, or one mini-batch of one epoch):
-        forward and backward by micro-batch, then the step. The loss is normalised by `counts`
-        (the whole batch's tokens and sequences, across ranks) or, for a mini-batch, by its own."""
-        mini = local.select(rows)
-        tokens, seqs = counts or (mini.mask.sum(), (mini.mask.sum(1) > 0).sum())
+    def _update(self, batch: Batch, rows: list[int], prox: torch.Tensor | None, temperature: float, autocast,
+                device, counts: tuple) -> dict[str, float]:
+        """One optimiser update on `rows` of `batch` (the whole batch, or one mini-batch of one epoch;
+        with DeepSpeed this rank's share of it): forward and backward by micro-batch, then the step.
+        The loss is normalised by `counts`: the tokens and sequences of the update's rows on every
+        rank (the whole batch's, or the whole mini-batch's)."""
+        mini = batch.select(rows)
+        tokens, seqs = counts
         if self.world > 1:  # DeepSpeed: one backward per step
             parts = [list(range(len(mini)))]
         else:
@@ -141,7 +180,8 @@ class UpdateLoop:
                 if self.objective.kl_fn is not None:
                     with torch.no_grad():
                         ref, _ = token_logprobs(self.ref_model, part, temperature)
-            part_prox = None if prox is None else prox[[rows[i] for i in part_rows]].to(device)
+            # prox spans `batch`'s columns; select() cut this part to its longest row
+            part_prox = None if prox is None else prox[[rows[i] for i in part_rows], :part.mask.shape[1]].to(device)
             loss, m = self.objective(logp, part, ref, entropy, tokens, seqs, prox=part_prox)
             self.engine.backward(loss)
             for k, v in m.items():  # loss terms add up over micro-batches; the rest by share of rows

@@ -1,9 +1,12 @@
 """The trainer on DeepSpeed ZeRO-2 and ZeRO-3 with two data-parallel ranks (gloo on CPU, launched
-by `streamrft train` under torchrun), through a real `streamrft run` on the embedded stack."""
+by `streamrft train` under torchrun) on the embedded stack: through a real `streamrft run`, and
+killed -9 and resumed on groups of uneven sizes."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from streamrft.infra.objectstore import WeightStore
-from tests_helpers import demo_overrides
+from tests_helpers import demo_overrides, kill_tree, process_tree, read_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,82 @@ def test_deepspeed_two_ranks_train_and_publish(stack, tmp_path, stage):
     assert fetched[0].keys() == fetched[2].keys()
     assert all(torch.isfinite(t).all() for t in fetched[2].values())
     assert any(not torch.equal(fetched[0][k], fetched[2][k]) for k in fetched[0])
+
+
+GROUP_SIZES = [1, 3] * 6  # one group a step: 1 row (rank 1 has none) or 3 (2 + 1); steps take ~0.1 s
+
+
+def _trainer_tree(p: subprocess.Popen) -> list[int]:
+    """The CLI, torchrun and both ranks, once all are up (the ranks run in sessions of their own)."""
+    tree = process_tree(p.pid)
+    return tree if len(tree) >= 4 else []
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(stack, namespace, trainer_config,
+                                                                               kit, tmp_path, stage):
+    """Two gloo ranks, one group a step of 1 or 3 trajectories, killed -9 (the `streamrft train` CLI,
+    torchrun and both ranks, by PID) once it has published versions, then started again: it resumes
+    from its newest complete checkpoint, announces versions strictly increasing, trains every
+    trajectory exactly once over the restart, and leaves nothing running."""
+    from streamrft.config import dump_config
+    from streamrft.infra.stack import pid_alive
+    from streamrft.schemas import WeightVersion, decode, topic_name
+
+    steps = len(GROUP_SIZES)
+    cfg = trainer_config(stack, "trainer.engine=deepspeed", "trainer.deepspeed.num_gpus=2",
+                         f"trainer.deepspeed.zero_stage={stage}", "trainer.batch_groups=1",
+                         f"trainer.max_steps={steps}", f"trainer.max_staleness={steps}")
+    groups = [kit.group(f"G{i}", 0, n=n) for i, n in enumerate(GROUP_SIZES)]
+    kit.produce(stack.kafka, namespace, groups)
+    resolved = tmp_path / "config.yaml"
+    resolved.write_text(dump_config(cfg))
+    ckpt = Path(cfg.output_dir) / "trainer"
+
+    def spawn(log: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streamrft.cli", "train", str(resolved)], stdout=open(log, "wb"),
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+
+    started: set[int] = set()
+    p = spawn(tmp_path / "train1.log")
+    try:
+        deadline = time.monotonic() + 150
+        while trainer_version(ckpt) < 3 or not (tree := _trainer_tree(p)):
+            assert time.monotonic() < deadline and p.poll() is None, (tmp_path / "train1.log").read_text()[-3000:]
+            time.sleep(0.1)
+        started.update(tree)
+        kill_tree(tree)  # CLI, torchrun, rank 0, rank 1: SIGKILL each
+        p.wait()
+        killed_at = trainer_version(ckpt)
+        assert 3 <= killed_at < steps
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in tree):
+            assert time.monotonic() < deadline, f"still running after kill -9: {[q for q in tree if pid_alive(q)]}"
+            time.sleep(0.1)
+
+        p = spawn(tmp_path / "train2.log")
+        deadline = time.monotonic() + 150
+        while p.poll() is None:  # note every process of the second run, to check they all end
+            assert time.monotonic() < deadline, (tmp_path / "train2.log").read_text()[-3000:]
+            started.update(process_tree(p.pid))
+            time.sleep(0.2)
+        log2 = (tmp_path / "train2.log").read_text()
+        assert p.returncode == 0, log2[-3000:]
+    finally:
+        if p.poll() is None:  # a failed check: stop what runs now
+            kill_tree(process_tree(p.pid))
+            p.wait()
+    assert len(started) >= 8  # two runs of the CLI, torchrun and two ranks
+    assert not [pid for pid in started if pid_alive(pid)]  # nothing left running
+
+    assert log2.count(f"at version {killed_at}") == 2  # both ranks resumed from the newest checkpoint
+    assert log2.count(f"trainer done: {{'version': {steps}") == 2
+    state = json.loads((ckpt / f"v{steps}" / "state.json").read_text())
+    assert (state["version"], state["step"]) == (steps, steps)
+    announced = [decode(m.value(), WeightVersion).version for m in read_all(stack.kafka, topic_name(namespace, "weights"))]
+    assert announced == sorted(set(announced)) and announced[-1] == steps, announced  # strictly increasing
+    assert WeightStore(stack.s3).list_versions(cfg.weights_key)[-1] == steps
+    audit = kit.audit(ckpt)
+    assert sorted(audit) == sorted(t.traj_id for g in groups for t in g.trajectories), audit
+    assert max(audit.values()) == 1, "a trajectory was trained twice"
+    assert state["counts"]["trained"] == sum(GROUP_SIZES)

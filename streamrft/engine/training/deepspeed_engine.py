@@ -5,6 +5,11 @@
 rank trains on its slice with the loss normalised by the WHOLE batch's token/sequence counts.
 DeepSpeed averages gradients over ranks, so each rank's loss is scaled by the world size to keep
 the sum-over-ranks contract of `engine.algorithms.aggregation`.
+
+Every rank must make the same calls in the same order: `backward` and `step` (ZeRO's gradient
+reduce-scatter and the sharded step), forwards of the model under ZeRO-3 (parameter gathers),
+`publishable_state_dict` under ZeRO-3, `save`, `load`, `broadcast`, `barrier`.
+A rank with no rows in an update still makes it, on a zero-weighted row (`consumers/update.py`).
 """
 from __future__ import annotations
 
