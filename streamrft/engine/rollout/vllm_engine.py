@@ -1,22 +1,25 @@
 """Rollout engine on vLLM (GPU): `LLM.generate` on token-id prompts, weights swapped in place.
 
 vllm is imported when an engine is built, never at module import, so this module loads on CPU
-machines. Pinned to vllm 0.33 (`pyproject.toml`, extra `gpu`: `vllm~=0.33.0`; vllm 0.33 itself
-needs Python >= 3.11 and torch 2.14.0). Every call below was checked against the source of the
-vllm 0.33.0 wheel (paths under `vllm/`); the gpu-marked tests (`pytest -m gpu`) run them.
+machines. Pinned to vllm 0.27 (`pyproject.toml`, extra `gpu`: `vllm~=0.27.1`): the newest release
+that installs next to this project (vllm >= 0.28 needs huggingface-hub >= 1.27, which needs
+click >= 8.4.2, and faust-streaming pins click < 8.4; 0.33 also needs a certifi the registry does
+not have). 0.27.1 needs torch 2.13.0, the version the CPU install uses. Every call below was
+checked against the source of the vllm 0.27.1 wheel (paths under `vllm/`), and again in 0.33.0,
+which has them all too; the gpu-marked tests (`pytest -m gpu`) run them.
 
-| here | vLLM 0.33.0 API it relies on | checked in |
+| here | vLLM 0.27.1 API it relies on | checked in |
 | --- | --- | --- |
 | build | `LLM(model, dtype, gpu_memory_utilization, kv_cache_memory_bytes, max_model_len, seed, skip_tokenizer_init, logprobs_mode="processed_logprobs", generation_config="vllm", max_num_seqs, enable_lora, max_loras, max_lora_rank)` | entrypoints/llm.py `LLM.__init__`; engine/arg_utils.py `EngineArgs`; config/model.py `LogprobsMode`; config/lora.py `MaxLoRARanks` |
 | engine core in this process | env `VLLM_ENABLE_V1_MULTIPROCESSING=0`: `InprocClient` + `UniProcExecutor` run the worker here | envs.py; v1/engine/llm_engine.py `from_engine_args`; v1/engine/core_client.py `make_client`; v1/executor/uniproc_executor.py `collective_rpc` |
 | generate | `LLM.generate(list[TokensPrompt], list[SamplingParams], use_tqdm=False, lora_request=)` -> `RequestOutput.outputs`: `CompletionOutput(token_ids, logprobs, finish_reason)`, in prompt order | entrypoints/llm.py `generate`; inputs/__init__.py; outputs.py |
-| sampling | `SamplingParams(n, temperature, top_p, top_k, max_tokens, seed, stop_token_ids, logprobs, detokenize=False)`. top_k 0 = off (-1 still accepted); temperature in [0, 2], 0 < T < 0.01 raised to 0.01; greedy refuses n > 1; the n children of a seeded request get seed + i | sampling_params.py `__post_init__`, `_verify_args`, `_verify_greedy_sampling`; v1/engine/parallel_sampling.py |
-| log-probs | per step a dict token -> `Logprob(logprob, rank)`: the sampled token (rank = how many tokens have a log-prob >= its own) and the `logprobs` most likely (ranks 1..k); `processed_logprobs` = log-softmax after temperature, min_p, top-k and top-p | logprobs.py `append_logprobs_for_next_position`; v1/worker/gpu/sample/sampler.py + logprob.py (Model Runner V2, the default); v1/sample/sampler.py (V1 runner) |
+| sampling | `SamplingParams(n, temperature, top_p, top_k, max_tokens, seed, stop_token_ids, logprobs, detokenize=False)`. top_k 0 = off (-1 still accepted); temperature in [0, 2], 0 < T < 0.01 raised to 0.01; greedy refuses n > 1; the n children of a seeded request get seed + i; `logprobs` at most `max_logprobs` (20) | sampling_params.py `__post_init__`, `_verify_args`, `_verify_greedy_sampling`; v1/engine/parallel_sampling.py; config/model.py |
+| log-probs | per step a dict token -> `Logprob(logprob, rank)`: the sampled token (rank = how many tokens have a log-prob >= its own) and the `logprobs` most likely (ranks 1..k); `processed_logprobs` = log-softmax after temperature, min_p, top-k and top-p | logprobs.py `append_logprobs_for_next_position`; v1/worker/gpu/sample/sampler.py + logprob.py (Model Runner V2, the default for dense decoders); v1/sample/sampler.py (V1 runner) |
 | stop | EOS or a `stop_token_ids` token finishes the request STOPPED (`finish_reason` "stop"), the token kept in `token_ids`; `max_tokens` -> "length"; the checkpoint's generation_config `eos_token_id`s are stop tokens too | v1/core/sched/utils.py `check_stop`; v1/engine/input_processor.py + sampling_params.py `update_from_generation_config` |
-| full weights | `LLM.collective_rpc("reload_weights", kwargs={weights_iterator, is_checkpoint_format=True})` -> `Worker.reload_weights` -> model runner: layer-wise in-place load of HF-named tensors through the model's `load_weights` (fuses qkv / gate_up, skips a tied lm_head), into the same storage (CUDA graphs stay valid), then LoRA / encoder caches reset | v1/worker/gpu_worker.py; v1/worker/gpu/model_runner.py; model_executor/model_loader/reload/inplace.py + layerwise.py |
+| full weights | `LLM.collective_rpc("reload_weights", kwargs={weights_iterator, is_checkpoint_format=True})` -> `Worker.reload_weights` -> `GPUModelRunner.reload_weights` (V2 runner: the same): layer-wise in-place load of HF-named tensors through the model's `load_weights` (fuses qkv / gate_up, skips a tied lm_head) into the same storage, so CUDA graphs stay valid | v1/worker/gpu_worker.py; v1/worker/gpu_model_runner.py; v1/worker/gpu/model_runner.py; model_executor/model_loader/reload/layerwise.py; model_executor/models/utils.py `AutoWeightsLoader` |
 | prefix cache | `LLM.reset_prefix_cache()` -> bool (False while requests run; none do between calls) | entrypoints/llm.py; v1/engine/llm_engine.py |
-| LoRA | `LoRARequest(lora_name, lora_int_id, lora_path)`; adapters cached by id | lora/request.py |
-| close | `llm.llm_engine.engine_core.shutdown()` (`InprocClient` -> `EngineCore.shutdown`: executor down, `gc.unfreeze`, `cleanup_dist_env_and_memory`, which empties torch's cache) | v1/engine/core_client.py; v1/engine/core.py; distributed/parallel_state.py |
+| LoRA | `LoRARequest(lora_name, lora_int_id, lora_path)`; adapters cached by id. A LoRA-enabled model's layers are wrapped (`base_layer`) and 0.27's `load_weights` does not reach through them: an engine built for LoRA takes LoRA versions only | lora/request.py; lora/layers/base.py |
+| close | `llm.llm_engine.engine_core.shutdown()` (`InprocClient` -> `EngineCore.shutdown`: executor down, `gc.unfreeze`, `cleanup_dist_env_and_memory`, which empties torch's cache); nothing else frees an in-process engine in 0.27 | v1/engine/core_client.py; v1/engine/core.py; distributed/parallel_state.py |
 
 - The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vllm is
   imported unless the caller set it), so `reload_weights` gets the CPU tensors as they are, never
@@ -34,9 +37,12 @@ vllm 0.33.0 wheel (paths under `vllm/`); the gpu-marked tests (`pytest -m gpu`) 
   the model type's class, which for the demo's char tokenizer is wrong. Text is decoded here with
   `load_tokenizer`, and EOS is passed as a stop token explicitly.
 - `kv_cache_gib` (config `explorer.engine.kv_cache_gib`) fixes the KV cache's size. Without it vLLM
-  sizes the cache from a memory profile that reads the whole GPU's free memory (`memory_profiling`
-  in utils/mem_utils.py), so an explorer and a trainer starting together on one GPU disturb each
-  other's readings; `gpu_memory_utilization` is then only checked against the free memory at start.
+  sizes the cache from a memory profile that reads the whole GPU's free memory (utils/mem_utils.py
+  `memory_profiling`, v1/worker/gpu_worker.py `determine_available_memory`), so explorers and a
+  trainer starting together on one GPU disturb each other's readings (a smaller cache, or vLLM's
+  "Error in memory profiling" when another process frees memory meanwhile). With it,
+  `gpu_memory_utilization` is only checked against the GPU's free memory at start
+  (v1/worker/utils.py `request_memory`).
 - LoRA (`lora` set: the run's `model.lora`): built with `enable_lora`; a LoRA version is written as a
   peft directory (`engine.lora.write_peft_dir`) and every later generate call carries a
   `LoRARequest` for it, with a new id per version, so vLLM applies it to the untouched base weights.
@@ -113,7 +119,7 @@ class VLLMEngine:
                              f"its log-probs would not be this temperature's; use 0 (greedy) or >= {MIN_TEMPERATURE}")
         greedy = params.temperature == 0
         per_prompt, n = (params.n, 1) if greedy else (1, params.n)  # requests per prompt, samples per request
-        stop_ids = [self.tokenizer.eos_token_id, *params.stop_token_ids]
+        stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
         k = params.top_logprobs
 
         def request_params(i: int) -> Any:
@@ -157,6 +163,9 @@ class VLLMEngine:
             self._use_adapter(state_dict, lora, version)
             self.version = version
             return
+        if self.max_lora_rank is not None:
+            raise RuntimeError("a full version on an engine built for LoRA versions (model.lora): vLLM's LoRA "
+                               "layers wrap the base weights, which its reload cannot reach")
         weights = list(state_dict.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.llm.reset_prefix_cache():
