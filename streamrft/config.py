@@ -250,7 +250,13 @@ class EngineConfig(Section):
     (`benchmarks/cpu_train_step.py`); behaviour log-probs then differ from the trainer's float32
     recomputation by bf16 rounding (the importance ratio absorbs it; `trainer.autocast` narrows it)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """vLLM only: the share of the GPU's memory it may take."""
+    """vLLM only: the share of the GPU's total memory it may take (weights, activations, CUDA graphs,
+    KV cache); vLLM refuses to start while less than that is free."""
+    kv_cache_gib: float | None = Field(None, gt=0, **_FINITE)
+    """vLLM only: the KV cache's size, fixed (`kv_cache_memory_bytes`). None: what
+    `gpu_memory_utilization` leaves after weights, activations and CUDA graphs, as vLLM measures
+    them from the whole GPU's free memory, which other processes starting on the same GPU disturb:
+    set it when explorers share a GPU with each other or the trainer (examples/gsm8k_gpu.yaml)."""
 
 
 class SamplingConfig(Section):

@@ -1,7 +1,10 @@
 """The shipped example configs parse into the parts they promise; the agent and tool examples prepare
 (tasks, a char model over the environment's alphabet, a warm-up on scripted episodes)."""
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from streamrft.config import load_config
 from streamrft.producers.tasks import load_task_file
@@ -15,6 +18,73 @@ def test_gpu_math_example_parses_with_vllm_math_verify_and_deepspeed():
     assert [t.name for t in cfg.stream_ops.rewards] == ["math_verify", "format"]
     assert cfg.trainer.engine == "deepspeed" and cfg.trainer.deepspeed.zero_stage == 2
     assert cfg.model.path.endswith("Qwen2.5-1.5B-Instruct") and cfg.model.build is None
+
+
+# Qwen2.5-1.5B-Instruct's config.json, which examples/gsm8k_gpu.yaml's memory plan is for
+QWEN25_15B = {"vocab": 151936, "hidden": 1536, "layers": 28, "intermediate": 8960, "kv_heads": 2, "head_dim": 128}
+GIB = 2**30
+# benchmarks/trainer_activation_memory.py at those widths: bytes autograd keeps per layer per token
+SAVED_PER_LAYER_TOKEN = 103_480
+
+
+def _memory_plan(text: str) -> dict[str, tuple[float, float]]:
+    """The plan's table rows: who -> (share, GiB)."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"#   (\S.*?)\s{2,}(\d\.\d\d)\s+(\d+\.\d\d)(\s|$)", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return rows
+
+
+def test_gpu_math_example_memory_plan_adds_up_with_the_configs_numbers():
+    """Every process on the GPU at once gets a row; the rows add up to the GPU; each row holds what
+    the config's settings need (recomputed here), so an edit to either cannot silently overcommit."""
+    path = ROOT / "examples" / "gsm8k_gpu.yaml"
+    text, cfg = path.read_text(), load_config(path)
+    plan = _memory_plan(text)
+    total = plan.pop("total")
+    assert total[0] == 1.0
+    assert sum(share for share, _ in plan.values()) == pytest.approx(1.0, abs=0.011)
+    assert sum(gib for _, gib in plan.values()) == pytest.approx(total[1], abs=0.011)
+    for who, (share, gib) in plan.items():  # shares round GiB to two decimals
+        assert gib == pytest.approx(share * total[1], abs=0.005 * total[1] + 0.01), who
+    assert plan["headroom"][1] > 0
+
+    q = QWEN25_15B
+    kv_width = q["kv_heads"] * q["head_dim"]
+    params = q["vocab"] * q["hidden"] + q["hidden"] + q["layers"] * (
+        2 * q["hidden"] * q["hidden"] + q["hidden"] + 2 * (q["hidden"] * kv_width + kv_width)  # q, o; k, v
+        + 3 * q["hidden"] * q["intermediate"] + 2 * q["hidden"])  # gate, up, down; two norms
+    assert f"{params:,} params" in text
+    width = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+    # explorers: one row each, at their gpu_memory_utilization, holding weights + the fixed KV cache
+    # (room for max_batch sequences of a 256-token prompt and max_new_tokens) + the fixed parts
+    e, ex = cfg.explorer.engine, cfg.explorer
+    explorers = {who: row for who, row in plan.items() if who.startswith("explorer-")}
+    assert len(explorers) == ex.num_explorers
+    assert ex.tasks_per_batch * ex.group_size <= e.max_batch
+    kv_per_token = q["layers"] * 2 * kv_width * width[e.dtype or cfg.model.dtype]
+    assert e.kv_cache_gib * GIB >= e.max_batch * (256 + ex.sampling.max_new_tokens) * kv_per_token
+    activations, cuda_graphs, reload, non_torch = 2.0, 0.5, 0.5, 0.3  # the plan's estimates, GiB
+    assert reload * GIB >= q["vocab"] * q["hidden"] * width[e.dtype or cfg.model.dtype]  # the largest layer
+    needed = params * width[e.dtype or cfg.model.dtype] / GIB + e.kv_cache_gib + activations + cuda_graphs + reload + non_torch
+    for share, gib in explorers.values():
+        assert share == e.gpu_memory_utilization and needed <= gib
+
+    # trainer: one DeepSpeed ZeRO-2 rank in bf16: params, grads, fp32 master, Adam m and v, the
+    # reference model, the reduce bucket; plus one micro-batch of micro_batch_tokens, x 1.1
+    t = cfg.trainer
+    assert t.engine == "deepspeed" and t.deepspeed.zero_stage == 2 and t.deepspeed.num_gpus == 1
+    assert cfg.model.dtype == "bfloat16" and t.micro_batch_tokens is not None
+    reference = width[cfg.model.dtype] if cfg.algorithm.kl.coef > 0 else 0
+    static = params * (2 + 2 + 4 + 8 + reference) + 5e8 * 2
+    per_token = q["layers"] * SAVED_PER_LAYER_TOKEN + 625_060 + 10 * q["vocab"]
+    assert 1.1 * (static + t.micro_batch_tokens * per_token) / GIB <= plan["trainer (DeepSpeed ZeRO-2)"][1]
+
+    # a CUDA context for each explorer, the trainer and the launcher (its start eval's engine closed)
+    assert plan["CUDA contexts"][1] >= (ex.num_explorers + 2) * 0.6
 
 
 def test_gsm8k_sample_rows_load_as_tasks_and_verify():

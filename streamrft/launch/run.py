@@ -61,12 +61,18 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
     from streamrft.producers.tasks import load_task_file
 
     engine = engine_from_config(cfg)
-    if version is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            state, meta = fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp))
-            engine.load_weights(state, version, LoraSpec.from_manifest(meta))
-    tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-    return evaluate_run(engine, tasks, cfg)
+    try:
+        if version is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                state, meta = fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp))
+                engine.load_weights(state, version, LoraSpec.from_manifest(meta))
+        tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
+        return evaluate_run(engine, tasks, cfg)
+    finally:
+        # vLLM: its GPU memory back before the roles start (the start eval runs alone on the GPU)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tuple[float, int, float]]) -> None:

@@ -27,7 +27,8 @@ def engine_from_config(cfg) -> RolloutEngine:
     """The rollout engine a RunConfig's `explorer.engine` section describes, serving `model.path`."""
     e = cfg.explorer.engine
     # vLLM must enable LoRA when it is built; the transformers engine merges whatever comes
-    extra = {"gpu_memory_utilization": e.gpu_memory_utilization, "lora": cfg.model.lora} if e.type == "vllm" else {}
+    extra = ({"gpu_memory_utilization": e.gpu_memory_utilization, "kv_cache_gib": e.kv_cache_gib, "lora": cfg.model.lora}
+             if e.type == "vllm" else {})
     return make_engine(e.type, cfg.model.path, device=e.device, dtype=e.dtype or cfg.model.dtype, max_batch=e.max_batch, **extra)
 
 
