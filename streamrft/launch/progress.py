@@ -51,6 +51,26 @@ class RunView:
                 f"staleness {t.get('staleness_mean', float('nan')):.2f} (stale {self._stale_pct():.0f}%)  lag {self._lag()}  "
                 f"trajectories {self.trajectories} ({rate:.1f}/s){gw}")
 
+    def profile(self) -> str:
+        """Where the roles' time goes: the explorers' stages as shares of their wall time (summed over
+        explorers), stream ops' record latency in -> out, the trainer's wait and step per version."""
+        parts = []
+        wall = sum(e.get("wall_s", 0.0) for e in self.explorers.values())
+        if wall > 0:
+            from streamrft.producers.explorer import STAGES
+
+            shares = {k.removesuffix("_s"): sum(e.get(k, 0.0) for e in self.explorers.values()) / wall
+                      for k in (*STAGES, "fetch_s")}
+            parts.append("explorers " + " ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items() if v >= 0.005))
+        lat = [w["latency_p50_s"] for w in self.stream_ops.values() if "latency_p50_s" in w]
+        if lat:
+            parts.append(f"stream ops in->out p50 {max(lat):.2f}s")
+        t = self.trainer
+        if "wait_s" in t:
+            parts.append(f"trainer wait {t['wait_s']:.2f}s step {t.get('step_s', float('nan')):.2f}s"
+                         + (f" loop latency {t['loop_latency_s']:.1f}s" if "loop_latency_s" in t else ""))
+        return "profile: " + (" | ".join(parts) if parts else "-")
+
     def _stale_pct(self) -> float:
         return stale_pct(int(self.trainer.get("count_trained", 0)), int(self.trainer.get("count_stale", 0)))
 

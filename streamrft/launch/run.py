@@ -163,7 +163,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
         follower.view.evals.append((0.0, 0, eval_start))
         follower.start_lag_thread()
-        last_line = 0.0
+        last_line, lines = 0.0, 0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
         while procs["trainer"].poll() is None or procs["trainer"].returncode != 0:
             view = follower.poll(0.5)
@@ -182,6 +182,9 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
                 print(view.line(), flush=True)
+                lines += 1
+                if lines % 6 == 0:  # every 30 s: where the time goes
+                    print(view.profile(), flush=True)
             if deadline and time.monotonic() > deadline:
                 print(f"max_wall_s={cfg.max_wall_s} reached: stopping", flush=True)
                 break
@@ -205,6 +208,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     view.evals.append((time.time() - view.t0, version, eval_end))
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = view.trajectories
+    print(view.profile(), flush=True)
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
     from streamrft.launch.progress import stale_pct
 

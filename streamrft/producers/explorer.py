@@ -35,6 +35,11 @@ from streamrft.schemas import Metric, encode, topic_name
 
 log = logging.getLogger(__name__)
 
+STAGES = ("generate_s", "publish_s", "reserve_s", "admission_wait_s", "slot_wait_s", "task_wait_s", "load_s", "eval_s")
+"""Where an explorer's loop spends its time (seconds, in its metrics): generating, publishing and
+waiting for the broker's acks, deciding its admission share, waiting for admission room, for a slot
+or for tasks, loading new weights into the engine, evaluating held-out."""
+
 
 class Explorer:
     def __init__(self, cfg: RunConfig, index: int, stop: threading.Event | None = None):
@@ -61,7 +66,7 @@ class Explorer:
         self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
-                      "generate_s": 0.0, "reserve_s": 0.0, "publish_s": 0.0}
+                      **dict.fromkeys(STAGES, 0.0)}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
         m = Metric.of_finite(role, self.id, self.engine.version, values)
@@ -81,6 +86,17 @@ class Explorer:
         self._metric({"eval_reward": score, "version": v}, role="eval")
         log.info("eval v%d: %.3f", v, score)
 
+    def _wait(self, seconds: float, stage: str) -> None:
+        t0 = time.monotonic()
+        self.stop.wait(seconds)
+        self.stats[stage] += time.monotonic() - t0
+
+    def _timings(self, t_start: float) -> dict[str, float]:
+        """Where this explorer's time went since it started (seconds, cumulative): the stages of its
+        loop, the watcher's background fetch, and `wall_s` to read them against."""
+        return {**{k: self.stats[k] for k in STAGES}, "fetch_s": self.watcher.fetch_s,
+                "wall_s": time.monotonic() - t_start}
+
     def run(self) -> dict:
         cfg, ex = self.cfg, self.cfg.explorer
         tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=cfg.data.seed * 1000 + self.index)
@@ -95,15 +111,19 @@ class Explorer:
                 ready = self.watcher.take()
                 if ready is not None:
                     version, state, lora = ready
+                    t0 = time.monotonic()
                     self.engine.load_weights(state, version, lora)
+                    self.stats["load_s"] += time.monotonic() - t0
                     self.stats["swaps"] += 1
                 slots = self.members.slots
                 if not slots or not self.admission.caught_up.is_set():
                     # not joined yet, more explorers than slots, or the admission counts not read yet
                     self.stats["slot_waits"] += 1
-                    self.stop.wait(0.2)
+                    self._wait(0.2, "slot_wait_s")
                     continue
+                t0 = time.monotonic()
                 self._maybe_eval(evaluated, slots)
+                self.stats["eval_s"] += time.monotonic() - t0
                 # headroom(generated, dropped, oldest_in_flight) with this engine's weights
                 room = partial(headroom, self.engine.version, self.watcher.latest_announced,
                                cfg.trainer.max_staleness, self.per_version)
@@ -116,12 +136,12 @@ class Explorer:
                 self.stats["reserve_s"] += time.monotonic() - t0
                 if n <= 0:
                     self.stats["admission_waits"] += 1
-                    self.stop.wait(0.05)
+                    self._wait(0.05, "admission_wait_s")
                     continue
                 batch = tasks.take(n, slots, self.members.num_slots)
                 if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
                     self.admission.end(0)
-                    self.stop.wait(0.2)
+                    self._wait(0.2, "task_wait_s")
                     continue
                 t0 = time.monotonic()
                 groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
@@ -141,7 +161,7 @@ class Explorer:
                                   "traj_per_s": self.stats["trajectories"] / (last_metric - t_start),
                                   "version": self.engine.version, "swaps": self.stats["swaps"],
                                   "slots": len(slots), "admission_waits": self.stats["admission_waits"],
-                                  "run_generated": generated, "run_dropped": dropped})
+                                  "run_generated": generated, "run_dropped": dropped, **self._timings(t_start)})
                 if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
                     break
         finally:

@@ -41,6 +41,7 @@ class WeightsWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weights-watcher", daemon=True)
         self.fetch_errors = 0
+        self.fetch_s = 0.0  # seconds spent downloading and verifying versions (this thread's)
         self.failed: BaseException | None = None  # what stopped the thread, raised by take()
         self.retry_max_s = 30.0  # the longest wait between two fetches of one version
 
@@ -86,7 +87,9 @@ class WeightsWatcher:
                 if wanted is None or time.monotonic() < next_try:
                     continue
                 try:
+                    t0 = time.monotonic()
                     state, meta = fetch_state_dict(self.store, self.store_key, wanted, self.cache_dir)
+                    self.fetch_s += time.monotonic() - t0
                 except FETCH_ERRORS as e:
                     self.fetch_errors += 1
                     log.warning("could not fetch %s v%d (%s: %s); retrying in %.1fs", self.model, wanted,

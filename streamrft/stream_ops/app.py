@@ -249,6 +249,8 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     admission = app.topic(topic_name(ns, "admission"))
     outputs = {"experience": experiences, "dead_letter": dlq}
     counters = Counters()
+    latencies: list[float] = []  # of the records acknowledged since the last metrics report
+    busy = {"score_s": 0.0}  # seconds spent validating, scoring and computing advantages
 
     async def crash(exc: BaseException) -> None:
         # the whole worker, never just the agent (see the module docstring); it exits non-zero
@@ -268,6 +270,8 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
                         await future  # the broker's acknowledgement (acks=all) of each output
                     await manual.ack(event)
                     counters.add(outcome)
+                    # in -> out: from the producer's timestamp of the record to its outputs acknowledged
+                    latencies.append(time.time() - event.message.timestamp)
             except Exception as e:  # a failed delivery (the producer already retried): ack nothing more
                 await crash(e)
 
@@ -275,7 +279,9 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
         try:
             async for event in manual.events():
                 m = event.message
+                t0 = time.monotonic()
                 outcome = route_record(scorer, ns, event.value, m.key, m.topic, m.partition, m.offset)
+                busy["score_s"] += time.monotonic() - t0
                 delivered = []
                 if outcome.kind != "filtered":
                     delivered.append(await outputs[outcome.kind].send(key=outcome.key, value=outcome.value))
@@ -301,6 +307,11 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
             "groups_per_s": (counters.groups - last["groups"]) / dt,
             "trajectories_per_s": (counters.trajectories - last["trajectories"]) / dt,
         }
+        if latencies:  # the stage's own latency: record in -> outputs acknowledged
+            ordered = sorted(latencies)
+            values.update(latency_p50_s=ordered[len(ordered) // 2], latency_max_s=ordered[-1])
+            latencies.clear()
+        values["score_s"] = busy["score_s"]
         last.update(t=now, groups=counters.groups, trajectories=counters.trajectories, step=last["step"] + 1)
         metric = Metric(role=ROLE, role_id=worker_id, step=last["step"], values=values)
         await metrics.send(key=worker_id.encode(), value=encode(metric))

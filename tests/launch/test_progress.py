@@ -1,0 +1,27 @@
+"""The run's progress view, from hand-made metrics: the gateway's counters, and where the time goes."""
+from __future__ import annotations
+
+from streamrft.launch.progress import RunView
+
+
+def test_the_profile_shares_explorer_stages_of_their_wall_time_and_names_each_role():
+    v = RunView()
+    v.explorers = {"e0": {"generate_s": 30.0, "publish_s": 5.0, "admission_wait_s": 10.0, "eval_s": 2.0,
+                          "fetch_s": 3.0, "wall_s": 50.0},
+                   "e1": {"generate_s": 20.0, "publish_s": 5.0, "load_s": 1.0, "wall_s": 50.0}}
+    v.stream_ops = {"w0": {"latency_p50_s": 0.12}, "w1": {"latency_p50_s": 0.3}}
+    v.trainer = {"wait_s": 0.5, "step_s": 0.18, "loop_latency_s": 4.25}
+    # (30 + 20) / 100 generating, (5 + 5) / 100 publishing, 10 / 100 waiting for admission room, ...
+    assert v.profile() == ("profile: explorers generate 50% publish 10% admission_wait 10% load 1% eval 2% fetch 3% | "
+                           "stream ops in->out p50 0.30s | trainer wait 0.50s step 0.18s loop latency 4.2s")
+    assert RunView().profile() == "profile: -"
+
+
+def test_the_line_counts_trajectories_from_explorers_and_the_gateway():
+    v = RunView()
+    v.explorers = {"e0": {"trajectories": 40.0}}
+    v.gateway = {"gw:agents": {"trajectories": 8.0, "episodes_finished": 8.0, "open_episodes": 3.0,
+                               "rejected_admission": 1.0, "rejected_stale": 1.0},
+                 "gw:lab": {"trajectories": 2.0, "episodes_finished": 2.0}}
+    assert v.trajectories == 50
+    assert "trajectories 50 " in v.line() and "gateway: episodes 10 open 3 expired 0 429 2" in v.line()
