@@ -1,9 +1,9 @@
 """Delta weight versions: a version published as the exact difference from the one before it.
 
-A delta version's files are `delta-0000k.st.zst`: zstd-compressed safetensors whose tensors are
-the XOR of the raw bytes of each tensor with the same tensor of version `delta_from` (flat uint8,
-same dtype and shape as there), or, for a tensor that is new or changed shape or dtype, the tensor
-itself (named in `meta["full_tensors"]`). Unchanged bytes XOR to zeros, which zstd squeezes away:
+A delta version's file is `delta-00000.st.zst`, one zstd stream of every tensor's raw bytes XOR
+the same tensor's bytes in version `delta_from` (same dtype and shape), or, for a tensor that is
+new or changed shape or dtype, its own bytes (named in `meta["full_tensors"]`), in the order of
+`meta["tensors"]` (name, dtype, shape, op). Encoded and decoded a tensor at a time. Unchanged bytes XOR to zeros, which zstd squeezes away:
 after one AdamW step at lr 1e-6 most bf16 weights do not move by one ulp.
 
 Every delta version's meta says `delta_from` (N-1), `snapshot` (the full version its chain starts
@@ -27,8 +27,6 @@ from pathlib import Path
 
 import torch
 from minio.error import S3Error
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from streamrft.infra.objectstore import CorruptVersionError, Manifest, WeightStore
 
@@ -87,52 +85,64 @@ def _zstd():
     return zstandard
 
 
-def encode_delta(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor], out_dir: Path,
-                 max_shard_bytes: int = 2 << 30) -> tuple[list[Path], list[str]]:
-    """Write the delta from `prev` to `new` (both `canonical`) as `delta-0000k.st.zst` files of at
-    most `max_shard_bytes` uncompressed each; returns (files, names of tensors stored whole)."""
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptVersionError(f"unknown dtype {name!r} in a delta's index")
+    return dtype
+
+
+def encode_delta(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
+                 out_dir: Path) -> tuple[list[Path], list[dict]]:
+    """Write the delta from `prev` to `new` (both `canonical`) as one zstd stream `delta-00000.st.zst`:
+    per tensor, in the order of the index returned, its bytes XOR `prev`'s (`"op": "xor"`), or its own
+    bytes when `prev` has no tensor of that name, dtype and shape (`"op": "full"`). Streamed a tensor
+    at a time: no copy of the whole state is made. Returns (files, index)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    zstd = _zstd()
-    cctx = zstd.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
-    full: list[str] = []
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in new.items():
-        p = prev.get(name)
-        if p is not None and p.dtype == t.dtype and p.shape == t.shape:
-            entry = _xor(p, t)
-        else:
-            full.append(name)
-            entry = t
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = entry
-        size += nbytes
-    paths = []
-    for i, shard in enumerate(shards):
-        path = out_dir / f"delta-{i:05d}{DELTA_SUFFIX}"
-        path.write_bytes(cctx.compress(st_save(shard)))
-        paths.append(path)
-    return paths, full
-
-
-def decode_delta(prev: dict[str, torch.Tensor], files: list[Path], full: list[str]) -> dict[str, torch.Tensor]:
-    """The state a delta's `files` make of `prev` (new tensors; `prev` is left as it was)."""
-    dctx = _zstd().ZstdDecompressor()
-    whole = set(full)
-    out: dict[str, torch.Tensor] = {}
-    for path in sorted(files):
-        entries = st_load(dctx.decompress(Path(path).read_bytes()))
-        for name, entry in entries.items():
-            if name in whole:
-                out[name] = entry
-                continue
+    cctx = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
+    index: list[dict] = []
+    path = out_dir / f"delta-00000{DELTA_SUFFIX}"
+    with open(path, "wb") as fh, cctx.stream_writer(fh, closefd=False) as writer:
+        for name, t in new.items():
             p = prev.get(name)
-            if p is None or entry.dtype != torch.uint8 or entry.numel() != p.numel() * p.element_size():
-                raise CorruptVersionError(f"delta tensor {name} does not fit the previous version's")
-            out[name] = _xor(p.contiguous(), entry).view(p.dtype).reshape(p.shape)
+            xor = p is not None and p.dtype == t.dtype and p.shape == t.shape
+            payload = _xor(p, t) if xor else _bytes(t)
+            writer.write(payload.numpy().data)
+            index.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                          "op": "xor" if xor else "full"})
+    return [path], index
+
+
+def _read_exact(reader, n: int) -> torch.Tensor:
+    buf = torch.empty(n, dtype=torch.uint8)
+    view, got = memoryview(buf.numpy()), 0
+    while got < n:
+        k = reader.readinto(view[got:])
+        if not k:
+            raise CorruptVersionError(f"a delta stream ended {n - got} bytes short")
+        got += k
+    return buf
+
+
+def decode_delta(prev: dict[str, torch.Tensor], files: list[Path], index: list[dict]) -> dict[str, torch.Tensor]:
+    """The state a delta's stream makes of `prev` (new tensors; `prev` is left as it was)."""
+    (path,) = files
+    out: dict[str, torch.Tensor] = {}
+    with open(path, "rb") as fh, _zstd().ZstdDecompressor().stream_reader(fh) as reader:
+        for entry in index:
+            name, dtype, shape = entry["name"], _dtype(entry["dtype"]), tuple(entry["shape"])
+            numel = 1
+            for d in shape:
+                numel *= d
+            buf = _read_exact(reader, numel * torch.empty(0, dtype=dtype).element_size())
+            if entry["op"] == "xor":
+                p = prev.get(name)
+                if p is None or p.dtype != dtype or tuple(p.shape) != shape:
+                    raise CorruptVersionError(f"delta tensor {name} does not fit the previous version's")
+                torch.bitwise_xor(buf, _bytes(p.contiguous()), out=buf)
+            out[name] = buf.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+        if reader.read(1):
+            raise CorruptVersionError(f"{path.name}: bytes after the last tensor of the delta's index")
     return out
 
 
@@ -169,9 +179,10 @@ class DeltaPublisher:
         else:
             tmp = Path(tempfile.mkdtemp(prefix=f"delta-v{version}-"))
             try:
-                files, full = encode_delta(self.prev, new, tmp, self.max_shard_bytes)
+                files, index = encode_delta(self.prev, new, tmp)
                 meta.update(delta_from=self.prev_version, snapshot=self.snapshot, full_every=self.full_every,
-                            full_tensors=full, tensor_sha256=state_sha256(new))
+                            tensors=index, full_tensors=[e["name"] for e in index if e["op"] == "full"],
+                            tensor_sha256=state_sha256(new))
                 manifest = store.publish_version(model, version, files, meta)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -196,7 +207,7 @@ def apply_delta(store: WeightStore, model: str, version: int, prev: dict[str, to
             raise CorruptVersionError(f"{model} v{version} is a delta from v{meta.get('delta_from')}, "
                                       f"not from v{prev_version}")
         files = [dest / name for name in manifest.files]
-        state = decode_delta(prev, files, meta.get("full_tensors", []))
+        state = decode_delta(prev, files, meta["tensors"])
         expect = meta["tensor_sha256"]
         if set(state) != set(expect):
             raise CorruptVersionError(f"{model} v{version}: reconstructed tensors {sorted(set(state) ^ set(expect))[:5]} "
