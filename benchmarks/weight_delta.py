@@ -147,6 +147,16 @@ def main() -> None:
                     del watcher, pub
                     print(f"{mode:5s} r{r}: raw put+get {raw[mode][-1]:6.2f}s | publish {t_pub:6.2f}s, "
                           f"publish->swapped {ours[mode][-1]:6.2f}s")
+            # where a delta's seconds go, stage by stage, outside S3 (same code, same tensors)
+            from streamrft.engine.delta import decode_delta, state_sha256
+            stages = {}
+            t = time.perf_counter(); prev = {k: x.clone() for k, x in v0.items()}; stages["trainer: copy of the version"] = time.perf_counter() - t  # noqa: E702
+            t = time.perf_counter(); files, index = encode_delta(prev, v1, tmp / "delta2"); stages["trainer: xor + zstd"] = time.perf_counter() - t  # noqa: E702
+            t = time.perf_counter(); state_sha256(v1); stages["sha256 of every tensor (2 threads)"] = time.perf_counter() - t  # noqa: E702
+            t = time.perf_counter(); rebuilt = decode_delta(prev, files, index); stages["explorer: unzstd + xor"] = time.perf_counter() - t  # noqa: E702
+            t = time.perf_counter(); engine.load_weights(rebuilt, 1); stages["explorer: engine swap"] = time.perf_counter() - t  # noqa: E702
+            del prev, rebuilt
+            print("delta stages: " + ", ".join(f"{k} {s:.2f}s" for k, s in stages.items()))
             # the engine holds v1 exactly
             own = canonical(engine.model.state_dict())
             assert all(torch.equal(_u16(own[k]), _u16(v1[k])) for k in v1)

@@ -64,8 +64,14 @@ def tensor_sha256(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def state_sha256(state: dict[str, torch.Tensor]) -> dict[str, str]:
-    return {name: tensor_sha256(t) for name, t in state.items()}
+def state_sha256(state: dict[str, torch.Tensor], threads: int = 2) -> dict[str, str]:
+    """`tensor_sha256` of every tensor, `threads` at a time (hashlib lets go of the GIL)."""
+    if threads <= 1:
+        return {name: tensor_sha256(t) for name, t in state.items()}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        return dict(zip(state, pool.map(tensor_sha256, state.values())))
 
 
 def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -179,10 +185,14 @@ class DeltaPublisher:
         else:
             tmp = Path(tempfile.mkdtemp(prefix=f"delta-v{version}-"))
             try:
-                files, index = encode_delta(self.prev, new, tmp)
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(1) as pool:  # the checksums while the delta is encoded
+                    digests = pool.submit(state_sha256, new, 1)
+                    files, index = encode_delta(self.prev, new, tmp)
                 meta.update(delta_from=self.prev_version, snapshot=self.snapshot, full_every=self.full_every,
                             tensors=index, full_tensors=[e["name"] for e in index if e["op"] == "full"],
-                            tensor_sha256=state_sha256(new))
+                            tensor_sha256=digests.result())
                 manifest = store.publish_version(model, version, files, meta)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -212,8 +222,8 @@ def apply_delta(store: WeightStore, model: str, version: int, prev: dict[str, to
         if set(state) != set(expect):
             raise CorruptVersionError(f"{model} v{version}: reconstructed tensors {sorted(set(state) ^ set(expect))[:5]} "
                                       "differ from the manifest's")
-        for name, t in state.items():
-            if tensor_sha256(t) != expect[name]:
+        for name, digest in state_sha256(state).items():
+            if digest != expect[name]:
                 raise CorruptVersionError(f"{model} v{version}: reconstructed {name} does not match its sha256")
         return state
     finally:
