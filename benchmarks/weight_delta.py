@@ -160,7 +160,8 @@ def main() -> None:
             # the engine holds v1 exactly
             own = canonical(engine.model.state_dict())
             assert all(torch.equal(_u16(own[k]), _u16(v1[k])) for k in v1)
-            del producer
+            producer.flush(10)
+            del producer, publish  # before the broker stops, or librdkafka logs reconnect failures
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
             print(f"raw files: full {full_file.stat().st_size / 1e6:.1f} MB, "
                   f"delta {sum(f.stat().st_size for f in delta_files) / 1e6:.2f} MB")
