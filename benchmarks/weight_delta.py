@@ -28,7 +28,6 @@ from streamrft.config import KafkaConfig, S3Config
 from streamrft.engine.delta import DeltaPublisher, canonical, encode_delta
 from streamrft.engine.models import build_char_tokenizer
 from streamrft.engine.rollout.hf import TransformersEngine
-from streamrft.engine.weights import publish_state_dict
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore, make_client
 from streamrft.infra.stack import S3_KEY, EmbeddedStack, free_ports
@@ -144,31 +143,39 @@ def main() -> None:
                     ours[mode].append(time.perf_counter() - t)
                     watcher.stop()
                     moved[mode] = sum(f["size"] for f in store.read_manifest(ns, 1).files.values())
-                    del watcher, pub
+                    watcher = pub = None  # noqa: F841  (the publisher's copy of v0 goes)
                     print(f"{mode:5s} r{r}: raw put+get {raw[mode][-1]:6.2f}s | publish {t_pub:6.2f}s, "
                           f"publish->swapped {ours[mode][-1]:6.2f}s")
             # where a delta's seconds go, stage by stage, outside S3 (same code, same tensors)
             from streamrft.engine.delta import decode_delta, state_sha256
             stages = {}
-            t = time.perf_counter(); prev = {k: x.clone() for k, x in v0.items()}; stages["trainer: copy of the version"] = time.perf_counter() - t  # noqa: E702
-            t = time.perf_counter(); files, index = encode_delta(prev, v1, tmp / "delta2"); stages["trainer: xor + zstd"] = time.perf_counter() - t  # noqa: E702
-            t = time.perf_counter(); state_sha256(v1); stages["sha256 of every tensor (2 threads)"] = time.perf_counter() - t  # noqa: E702
-            t = time.perf_counter(); rebuilt = decode_delta(prev, files, index); stages["explorer: unzstd + xor"] = time.perf_counter() - t  # noqa: E702
-            t = time.perf_counter(); engine.load_weights(rebuilt, 1); stages["explorer: engine swap"] = time.perf_counter() - t  # noqa: E702
-            del prev, rebuilt
+
+            def timed(what: str, fn):
+                t = time.perf_counter()
+                out = fn()
+                stages[what] = time.perf_counter() - t
+                return out
+
+            prev = timed("trainer: copy of the version", lambda: {k: x.clone() for k, x in v0.items()})
+            files, index = timed("trainer: xor + zstd", lambda: encode_delta(prev, v1, tmp / "delta2"))
+            timed("sha256 of every tensor (2 threads)", lambda: state_sha256(v1))
+            rebuilt = timed("explorer: unzstd + xor", lambda: decode_delta(prev, files, index))
+            timed("explorer: engine swap", lambda: engine.load_weights(rebuilt, 1))
+            prev = rebuilt = None  # noqa: F841
             print("delta stages: " + ", ".join(f"{k} {s:.2f}s" for k, s in stages.items()))
             # the engine holds v1 exactly
             own = canonical(engine.model.state_dict())
             assert all(torch.equal(_u16(own[k]), _u16(v1[k])) for k in v1)
             producer.flush(10)
-            del producer, publish  # before the broker stops, or librdkafka logs reconnect failures
+            publish = producer = None  # before the broker stops, or librdkafka logs reconnect failures
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
             print(f"raw files: full {full_file.stat().st_size / 1e6:.1f} MB, "
                   f"delta {sum(f.stat().st_size for f in delta_files) / 1e6:.2f} MB")
             print(f"bytes moved per version: full {moved['full'] / 1e6:.1f} MB, delta {moved['delta'] / 1e6:.2f} MB "
                   f"-> delta {moved['full'] / moved['delta']:.1f}x smaller (target >= 20x)")
             for mode in ("full", "delta"):
-                print(f"{mode:5s}: median raw S3 put+get {med(raw[mode]):.2f}s, publish->swapped {med(ours[mode]):.2f}s, "
+                print(f"{mode:5s}: median raw S3 put+get {med(raw[mode]):.2f}s, "
+                      f"publish->swapped {med(ours[mode]):.2f}s, "
                       f"ratio {med(ours[mode]) / med(raw[mode]):.2f} (target <= 1.3)")
             print(f"delta publish->swapped / full publish->swapped = {med(ours['delta']) / med(ours['full']):.2f}")
         finally:

@@ -3,8 +3,9 @@
 A delta version's file is `delta-00000.st.zst`, one zstd stream of every tensor's raw bytes XOR
 the same tensor's bytes in version `delta_from` (same dtype and shape), or, for a tensor that is
 new or changed shape or dtype, its own bytes (named in `meta["full_tensors"]`), in the order of
-`meta["tensors"]` (name, dtype, shape, op). Encoded and decoded a tensor at a time. Unchanged bytes XOR to zeros, which zstd squeezes away:
-after one AdamW step at lr 1e-6 most bf16 weights do not move by one ulp.
+`meta["tensors"]` (name, dtype, shape, op), encoded and decoded a tensor at a time. Unchanged
+bytes XOR to zeros, which zstd squeezes away: after one AdamW step at lr 1e-6 about 98% of a bf16
+model's elements do not move by one ulp (`benchmarks/weight_delta.py`: 38.6x fewer bytes).
 
 Every delta version's meta says `delta_from` (N-1), `snapshot` (the full version its chain starts
 at), `full_every`, and `tensor_sha256`: the sha256 of every RECONSTRUCTED tensor (dtype, shape,
@@ -220,8 +221,8 @@ def apply_delta(store: WeightStore, model: str, version: int, prev: dict[str, to
         state = decode_delta(prev, files, meta["tensors"])
         expect = meta["tensor_sha256"]
         if set(state) != set(expect):
-            raise CorruptVersionError(f"{model} v{version}: reconstructed tensors {sorted(set(state) ^ set(expect))[:5]} "
-                                      "differ from the manifest's")
+            odd = sorted(set(state) ^ set(expect))[:5]
+            raise CorruptVersionError(f"{model} v{version}: reconstructed tensors {odd} differ from the manifest's")
         for name, digest in state_sha256(state).items():
             if digest != expect[name]:
                 raise CorruptVersionError(f"{model} v{version}: reconstructed {name} does not match its sha256")
