@@ -442,6 +442,19 @@ class ReplayConfig(Section):
     """...or at the first record at or after this time (epoch ms), when set."""
 
 
+class WeightSyncConfig(Section):
+    """How full-weight versions go to S3 (`streamrft.engine.delta`). LoRA versions (the adapter
+    alone) are always published whole."""
+
+    delta: bool = False
+    """Publish each version as the XOR of its raw bytes with the previous version's, zstd-compressed;
+    explorers apply it to their verified copy (one more copy of the weights in the trainer's and each
+    explorer's host memory)."""
+    full_every: int = Field(10, ge=1)
+    """With `delta`: a full snapshot every this many versions (and after every trainer restart), the
+    start of the chain a new or recovering explorer replays."""
+
+
 class TrainerConfig(Section):
     engine: Literal["torch", "deepspeed"] = "torch"
     device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?|mps)$")
@@ -480,7 +493,9 @@ class TrainerConfig(Section):
     generated (v + max_staleness + 1) x batch_groups x sync_interval groups, not counting those
     filtered, dead-lettered or dropped stale (`streamrft.producers.admission`)."""
     keep_versions: int = Field(3, ge=1)
-    """Weight versions kept in S3 (older ones are garbage-collected)."""
+    """Weight versions kept in S3 (older ones are garbage-collected, except the full snapshot and
+    deltas that a kept delta version is reconstructed from)."""
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     checkpoint_dir: str | None = None
     """Default: <output_dir>/trainer."""
     torch_threads: int = Field(1, ge=1)

@@ -222,6 +222,7 @@ OUT_OF_RANGE = [
     ("trainer.keep_versions=0", "trainer.keep_versions: must be >= 1 (got 0)"),
     ("trainer.torch_threads=0", "trainer.torch_threads: must be >= 1 (got 0)"),
     ("trainer.seed=-1", "trainer.seed: must be >= 0 (got -1)"),
+    ("trainer.weight_sync.full_every=0", "trainer.weight_sync.full_every: must be >= 1 (got 0)"),
     ("eval.every_versions=-1", "eval.every_versions: must be >= 0 (got -1)"),
     ("eval.max_tasks=0", "eval.max_tasks: must be >= 1 (got 0)"),
     ("stages=[{steps: 0}]", "stages.0.steps: must be >= 1 (got 0)"),

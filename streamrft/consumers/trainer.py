@@ -104,6 +104,7 @@ class Trainer(UpdateLoop):
         self.trained_since_ckpt: list[str] = []
         self.update_metrics: list[dict[str, float]] = []  # one per optimiser update of the last step
         self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
+        self._delta = None  # engine.delta.DeltaPublisher with trainer.weight_sync.delta (full weights only)
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
@@ -260,8 +261,6 @@ class Trainer(UpdateLoop):
 
     # ---- versions ----------------------------------------------------------------------------
     def publish(self) -> None:
-        from streamrft.engine.weights import publish_state_dict
-
         v = self.state.version
         weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
         self.seen.prune(v, self.max_staleness)
@@ -273,7 +272,7 @@ class Trainer(UpdateLoop):
             return
         # the dead letters of records this checkpoint moves past must be acknowledged first
         flush_or_raise(self.producer, timeout=60)
-        manifest = publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta=self._version_meta())
+        manifest = self._publish_weights(v, weights)
         # the trained ids go inside the checkpoint; it copies them to audit/ once it is durable
         checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, trained=self.trained_since_ckpt, barrier=barrier)
         self.trained_since_ckpt = []
@@ -283,6 +282,20 @@ class Trainer(UpdateLoop):
         if self.next_offsets:
             self._commit()
         self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+
+    def _publish_weights(self, v: int, weights: dict):
+        """Version `v` to S3: whole, or with `trainer.weight_sync.delta` (full weights only) as the
+        delta from the version this process published last (`engine.delta.DeltaPublisher`)."""
+        from streamrft.engine.weights import publish_state_dict
+
+        sync = self.tc.weight_sync
+        if sync.delta and self.cfg.model.lora is None:
+            if self._delta is None:
+                from streamrft.engine.delta import DeltaPublisher
+
+                self._delta = DeltaPublisher(sync.full_every)
+            return self._delta.publish(self.store, self.cfg.weights_key, v, weights, meta=self._version_meta())
+        return publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta=self._version_meta())
 
     def _version_meta(self) -> dict:
         """A version's manifest meta: its step, what it holds (`LoraSpec.from_manifest` reads it) and
@@ -424,8 +437,6 @@ class Trainer(UpdateLoop):
         return ("announce" if ckpt in in_s3 else "republish"), ckpt
 
     def _start(self) -> None:
-        from streamrft.engine.weights import publish_state_dict
-
         if self.is_main:
             self.store.ensure_bucket()
         plan = self._start_plan() if self.is_main else None
@@ -440,8 +451,7 @@ class Trainer(UpdateLoop):
         elif action == "republish":  # S3 lost the checkpoint's version: upload the same weights again
             weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
             if self.is_main:
-                self.announce(publish_state_dict(self.store, self.cfg.weights_key, v, weights,
-                                                 meta=self._version_meta()).sha256)
+                self.announce(self._publish_weights(v, weights).sha256)
 
     def run(self) -> dict:
         try:

@@ -63,10 +63,20 @@ def load_shards(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def fetch_state_dict(store: WeightStore, model: str, version: int,
-                     cache_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Path,
+                     have: tuple[int, dict[str, torch.Tensor]] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict, manifest meta) of version `version`, downloaded and verified into
-    `cache_dir/v<N>` and loaded; the files are dropped."""
+    `cache_dir/v<N>` and loaded; the files are dropped. A delta version (`engine.delta`) is
+    reconstructed: onto `have` = (version, state) when that is on its chain, else from the chain's
+    full snapshot, every reconstructed tensor checked against the manifest's sha256."""
+    from streamrft.engine.delta import fetch_chain
+
+    return fetch_chain(store, model, version, cache_dir, have)
+
+
+def fetch_full_state_dict(store: WeightStore, model: str, version: int,
+                          cache_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """`fetch_state_dict` of a version published whole (not a delta)."""
     dest = Path(cache_dir) / f"v{version}"
     try:
         manifest = store.fetch_version(model, version, dest)

@@ -255,10 +255,24 @@ class WeightStore:
             raise RuntimeError(f"could not delete {err.name}: {err.message}")
 
     def gc(self, model: str, keep: int) -> list[int]:
-        """Delete all but the newest `keep` versions; returns the versions deleted."""
+        """Delete all but the newest `keep` versions, and every version a kept delta version's chain
+        needs (its full snapshot `meta["snapshot"]` and the deltas after it: `engine.delta`);
+        returns the versions deleted."""
         if keep < 1:
             raise ValueError("keep must be >= 1")
-        old = self.list_versions(model)[:-keep]
+        versions = self.list_versions(model)
+        kept = versions[-keep:]
+        oldest = min(kept, default=0)
+        for v in kept:
+            try:
+                meta = self.read_manifest(model, v).meta
+            except S3Error as e:  # deleted meanwhile (a restarted trainer's clean-up)
+                if e.code != "NoSuchKey":
+                    raise
+                continue
+            if "snapshot" in meta:
+                oldest = min(oldest, int(meta["snapshot"]))
+        old = [v for v in versions if v < oldest]
         for v in old:
             self.delete_version(model, v)
         return old

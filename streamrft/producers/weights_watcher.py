@@ -5,6 +5,10 @@ the explorer only swaps the already-verified state dict in between two generatio
 that fails (S3 restarting, a corrupt object) is retried with backoff until it succeeds or a
 newer version is announced: with `max_staleness: 0` the explorer cannot go on without it.
 `latest_announced` is the newest version announced, loaded or not (explorers' admission).
+Delta versions (`trainer.weight_sync.delta`, `engine.delta`) are applied onto the last version
+verified here (kept for that), else rebuilt from their chain's full snapshot; a chain that cannot be
+built (a corrupt or missing delta) is retried like any failed fetch, and the next full snapshot
+gets past it. A watcher started afresh (an explorer restart) replays from the newest snapshot.
 """
 from __future__ import annotations
 
@@ -37,6 +41,9 @@ class WeightsWatcher:
         self.latest_announced = current_version
         self._loaded_version = current_version
         self._ready: tuple[int, dict, LoraSpec | None] | None = None
+        # the last full-weight version verified, kept when the run publishes deltas (its meta has
+        # `full_every`): the next delta is applied onto it (`engine.delta`); one more copy of the weights
+        self._have: tuple[int, dict] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weights-watcher", daemon=True)
@@ -88,7 +95,7 @@ class WeightsWatcher:
                     continue
                 try:
                     t0 = time.monotonic()
-                    state, meta = fetch_state_dict(self.store, self.store_key, wanted, self.cache_dir)
+                    state, meta = fetch_state_dict(self.store, self.store_key, wanted, self.cache_dir, self._have)
                     self.fetch_s += time.monotonic() - t0
                 except FETCH_ERRORS as e:
                     self.fetch_errors += 1
@@ -96,8 +103,11 @@ class WeightsWatcher:
                                 type(e).__name__, e, delay)
                     next_try, delay = time.monotonic() + delay, min(delay * 2, self.retry_max_s)
                     continue
+                lora = LoraSpec.from_manifest(meta)
+                self._have = (wanted, state) if lora is None and "full_every" in meta else None
                 with self._lock:
-                    self._ready = (wanted, state, LoraSpec.from_manifest(meta))
+                    # a dict of its own: the taker may add or drop names, the tensors are only read
+                    self._ready = (wanted, dict(state), lora)
                 wanted = None
         except BaseException as e:
             self.failed = e
