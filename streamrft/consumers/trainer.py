@@ -460,9 +460,11 @@ class Trainer(UpdateLoop):
         - S3 versions above both the checkpoint and the newest announce were published by a
           trainer that died before their checkpoint was durable. Nobody loaded them (explorers
           load announced versions only): they are deleted, and the coming steps redo them.
-        - An announce above the checkpoint means newer checkpoints were lost (a wiped disk).
-          Training goes on from the checkpoint's weights, but numbered above every announced
-          version, so an explorer that loaded version N never meets a different version N.
+        - An announce above the checkpoint: with `checkpoint_every` > 1, versions published
+          after the last checkpoint (the usual case after a crash), else newer checkpoints lost
+          (a wiped disk). Training goes on from the checkpoint's weights and offsets, redoing the
+          steps since, but numbered above every announced version, so an explorer that loaded
+          version N never meets a different version N.
         - Otherwise the checkpoint's version is announced (again), unless it already is.
         """
         key = self.cfg.weights_key
@@ -477,7 +479,7 @@ class Trainer(UpdateLoop):
                 self.store.delete_version(key, v)
         if announced is not None and (ckpt is None or announced > ckpt):
             log.warning("v%d is announced but the newest checkpoint in %s is %s: continuing from the "
-                        "checkpoint, numbering the next version v%d", announced, self.ckpt_dir,
+                        "checkpoint (redoing the steps since), numbering the next version v%d", announced, self.ckpt_dir,
                         "none" if ckpt is None else f"v{ckpt}", announced + 1)
             return ("publish", announced + 1) if ckpt is None else ("none", announced)
         if ckpt is None:

@@ -59,8 +59,9 @@ def test_kill_9_between_checkpoints_redoes_the_steps_under_new_versions(private_
     state = json.loads((ckpt / "v3" / "state.json").read_text())
     partition = next(iter(state["offsets"]))
     assert (state["step"], list(state["offsets"].values())) == (3, [3])  # past A, B, C
-    assert committed_offsets(kafka, f"{namespace}.trainer", topic_name(namespace, "experiences"),
-                             [int(partition.rsplit(":", 1)[1])])[int(partition.rsplit(":", 1)[1])] == state["offsets"][partition]
+    p = int(partition.rsplit(":", 1)[1])
+    committed = committed_offsets(kafka, f"{namespace}.trainer", topic_name(namespace, "experiences"), [p])
+    assert committed[p] == 3  # committed with the checkpoint v3, not past D, E (trained into v4, v5 only)
     assert sorted(json.loads((ckpt / "audit" / "v3.json").read_text())) == sorted(f"{g}-{i}" for g in "ABC" for i in range(4))
     assert store.list_versions(key) == [0, 1, 2, 3, 4, 5]
 
@@ -136,3 +137,27 @@ def test_a_failed_upload_is_retried_and_never_skipped(stack, namespace, trainer_
     with pytest.raises(publisher.PublishError, match="v2"):
         kit.run(cfg, trainer=trainer)
     assert trainer_version(ckpt) == 1 and _announced(stack.kafka, namespace) == [0, 1]
+
+
+def test_a_stop_between_checkpoints_checkpoints_the_last_version(stack, namespace, trainer_config, kit):
+    """SIGTERM (the stop event) two versions after a checkpoint, with checkpoint_every=5: the run
+    ends with a checkpoint of v2, so a graceful stop redoes nothing."""
+    from streamrft.consumers.trainer import Trainer
+
+    cfg = trainer_config(stack, "trainer.batch_groups=1", "trainer.max_steps=10", "trainer.checkpoint_every=5")
+    kit.produce(stack.kafka, namespace, [kit.group("A", 0), kit.group("B", 0)])
+    trainer = Trainer(cfg)
+    step = trainer.train_step
+
+    def train_step(samples):
+        if trainer.state.step == 1:
+            trainer.stop.set()  # checked when the loop collects the next batch, after v2 is published
+        return step(samples)
+
+    trainer.train_step = train_step
+    result = kit.run(cfg, trainer=trainer)
+    ckpt = Path(cfg.output_dir) / "trainer"
+    assert (result["step"], result["version"], trainer_version(ckpt)) == (2, 2, 2)
+    assert sorted(kit.audit(ckpt)) == sorted(f"{g}-{i}" for g in "AB" for i in range(4))
+    assert _announced(stack.kafka, namespace) == [0, 1, 2]
+    assert json.loads((ckpt / "v2" / "state.json").read_text())["step"] == 2
