@@ -492,6 +492,12 @@ class TrainerConfig(Section):
     admission control's bound: explorers with weights v wait once all of them together have
     generated (v + max_staleness + 1) x batch_groups x sync_interval groups, not counting those
     filtered, dead-lettered or dropped stale (`streamrft.producers.admission`)."""
+    checkpoint_every: int = Field(1, ge=1)
+    """Write a checkpoint (and commit offsets) every this many published versions, and at the
+    last step. Versions in between are uploaded and announced without one: after a crash the
+    trainer resumes from the last checkpoint, redoes the steps since (their ids are trained again:
+    the weights that held them died with the process) and numbers its versions above every version
+    announced, so none is reused. Larger: less checkpoint I/O per version, more steps redone."""
     keep_versions: int = Field(3, ge=1)
     """Weight versions kept in S3 (older ones are garbage-collected, except the full snapshot and
     deltas that a kept delta version is reconstructed from)."""

@@ -216,6 +216,7 @@ OUT_OF_RANGE = [
     ("trainer.grad_clip=-1", "trainer.grad_clip: must be >= 0 (got -1)"),
     ("trainer.max_steps=0", "trainer.max_steps: must be >= 1 (got 0)"),
     ("trainer.sync_interval=0", "trainer.sync_interval: must be >= 1 (got 0)"),
+    ("trainer.checkpoint_every=0", "trainer.checkpoint_every: must be >= 1 (got 0)"),
     ("trainer.ppo_epochs=0", "trainer.ppo_epochs: must be >= 1 (got 0)"),
     ("trainer.mini_batches=0", "trainer.mini_batches: must be >= 1 (got 0)"),
     ("trainer.max_staleness=-1", "trainer.max_staleness: must be >= 0 (got -1)"),

@@ -10,6 +10,20 @@ still written for people and scripts, but nothing trusts it: a crash between the
 pointer update, or a second writer, used to send a restarted trainer back to an old version.
 `audit/v<N>.json` copies `trained.json` once v<N> is durable: the union over the audit files is
 exactly what the durable versions trained.
+
+With `trainer.checkpoint_every` K > 1 a checkpoint comes every K versions, and its `trained.json`
+holds the ids trained since the previous checkpoint (every step of those K versions), so the audit
+trail is still one file per checkpoint and their union is the lineage of the newest checkpoint's
+weights. Versions published between checkpoints are not in the trail until the checkpoint after
+them is durable. After a crash between checkpoints the trainer resumes from the last one: the
+steps since are redone (under new, higher version numbers) and the ids they train are trained
+again, which is no double training, since the weights that held them (the versions after the
+checkpoint) are not in the lineage any more; `sync_audit` drops any audit file above the
+checkpoint it resumes from, so the trail never holds a lost branch.
+
+`save` = `write` (the engine's files into `.tmp-v<N>`, collective under DeepSpeed) then `finalize`
+(trained.json, state.json, fsync, rename, audit, pruning; the main rank only). The trainer splits
+them: it writes while it owns the weights and finalizes once the version is in S3 (`Publisher`).
 """
 from __future__ import annotations
 
@@ -147,17 +161,28 @@ def save(ckpt_dir: Path, state: TrainerState, write_model, trained: list[str] | 
     With several data-parallel ranks every rank calls this (DeepSpeed writes its shards
     collectively); only the main rank creates, finalises and prunes directories.
     """
-    ckpt_dir = Path(ckpt_dir)
-    final = ckpt_dir / f"v{state.version}"
-    tmp = ckpt_dir / f".tmp-v{state.version}"
+    tmp = write(ckpt_dir, state.version, write_model, is_main=is_main, barrier=barrier)
+    if not is_main:
+        return Path(ckpt_dir) / f"v{state.version}"
+    return finalize(ckpt_dir, tmp, state, trained, keep)
+
+
+def write(ckpt_dir: Path, version: int, write_model, is_main: bool = True, barrier=lambda: None) -> Path:
+    """`write_model(<dir>/.tmp-v<version>)` on every rank; the directory made by the main rank."""
+    tmp = Path(ckpt_dir) / f".tmp-v{version}"
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
     write_model(tmp)
     barrier()
-    if not is_main:
-        return final
+    return tmp
+
+
+def finalize(ckpt_dir: Path, tmp: Path, state: TrainerState, trained: list[str] | None = None, keep: int = 2) -> Path:
+    """Make `tmp` (from `write`) the durable checkpoint `v<state.version>` (main rank only)."""
+    ckpt_dir = Path(ckpt_dir)
+    final = ckpt_dir / f"v{state.version}"
     (tmp / TRAINED).write_text(json.dumps(trained or []))
     (tmp / STATE).write_text(json.dumps(state.__dict__))
     _fsync_tree(tmp)

@@ -6,11 +6,25 @@ already trained on (id window and the batch so far) or staler than `max_stalenes
 the configured policy objective with old log-probs = the explorers' behaviour log-probs. A record
 that fails in any way becomes a dead letter. A group dropped stale or dead-lettered is announced
 on `<ns>.admission`, so explorers' admission control stops counting it (`producers/admission.py`).
-Every `sync_interval` steps, in this order: flush the dead letters, publish version N+1 to S3
-(manifest last), write the checkpoint (weights, optimiser, next offsets, id window, trained
-ids), announce on the weights topic, commit offsets (retried; the checkpoint is the authority).
-On restart it resumes from the newest complete checkpoint and seeks to its offsets, so nothing
-is lost or retrained; `_start_plan` keeps version numbers from going backwards or being reused.
+Every `sync_interval` steps the step loop makes version N and hands a CPU copy of its weights to
+the background publisher (`consumers/publisher.py`), which uploads it to S3 (manifest last) while
+the loop goes on with step N+1; at most one version is in flight (the next hand-off waits). Every
+`checkpoint_every` versions (and at the end) version N is also a checkpoint. Its order:
+1. the loop flushes the dead letters and admission drops (durable before the offsets move past
+   them) and writes the checkpoint's files (weights, optimiser) into `.tmp-v<N>` while it still
+   owns the weights;
+2. the publisher uploads version N to S3 (retried), then
+3. finalises the checkpoint (next offsets, id window, trained ids since the previous checkpoint;
+   rename, audit copy): a checkpoint is never durable before its version is in S3;
+4. announces N on the weights topic (after the manifest, after the checkpoint);
+5. the loop commits the checkpoint's offsets at its next hand-off (retried; the checkpoint, not
+   the commit, is the authority).
+A version between checkpoints is uploaded then announced. A publish that fails after its retries
+fails the role (raised in the loop), which restarts from its checkpoint. On restart it resumes from
+the newest complete checkpoint, seeks to its offsets and redoes the steps since; `_start_plan`
+numbers the redone versions above every announced one, so version numbers never go backwards or
+get reused, and the audit trail (one file per checkpoint, `consumers/checkpoint.py`) holds each
+id of the final weights' lineage once.
 With DeepSpeed (`trainer.engine: deepspeed`, ranks under torchrun) rank 0 alone talks to Kafka and
 S3 and broadcasts each batch and the checkpoint to resume from; every rank makes the same
 collectives in the same order (every update, the ZeRO-3 gather of each published version, the
@@ -35,6 +49,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
 from streamrft.consumers.admission import Counts, SeenWindow, admit_trajectories, oldest_head
+from streamrft.consumers.publisher import Publisher, cpu_copy, retried
 from streamrft.consumers.advantages import make_batch_advantage
 from streamrft.consumers.update import Objective, UpdateLoop
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
@@ -102,12 +117,16 @@ class Trainer(UpdateLoop):
         self.next_offsets = dict(self.state.offsets)  # past every record of the batches trained so far
         self.position = dict(self.next_offsets)       # past every record taken off `pending`
         self.trained_since_ckpt: list[str] = []
+        self.versions_since_ckpt = 0  # versions published since the last checkpoint
+        self._to_commit: dict[str, int] | None = None  # a finalised checkpoint's offsets, not committed yet
+        self.publisher = Publisher(on_error=lambda e: self.stop.set())  # a failure ends the loop; run() raises it
         self.update_metrics: list[dict[str, float]] = []  # one per optimiser update of the last step
         self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
         self._delta = None  # engine.delta.DeltaPublisher with trainer.weight_sync.delta (full weights only)
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
+            self.announcer = make_producer(cfg.kafka)  # announces, from the publisher thread: a producer of its own
             if not self.replay:  # where dropped groups are announced to explorers (`_dropped`)
                 admission = topic_name(ns, "admission")
                 ensure_topics(cfg.kafka, {admission: run_topics(cfg.kafka, ns)[admission]})
@@ -260,32 +279,73 @@ class Trainer(UpdateLoop):
         return samples or None
 
     # ---- versions ----------------------------------------------------------------------------
-    def publish(self) -> None:
-        v = self.state.version
+    def publish(self, checkpoint_due: bool = True) -> None:
+        """Hand version `state.version` to the publisher, with its checkpoint if `checkpoint_due`
+        (the order: the module's docstring). Returns once the publisher has the version; raises
+        what the previous version's publishing failed with."""
+        v, step = self.state.version, self.state.step
+        self._await_publisher()  # back-pressure: one version in flight
         weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
         self.seen.prune(v, self.max_staleness)
+        ckpt = self._write_checkpoint_files() if checkpoint_due else None
+        self.versions_since_ckpt = 0 if checkpoint_due else self.versions_since_ckpt + 1
+        if not self.is_main:
+            return
+        weights = cpu_copy(weights)  # the next step changes the live tensors
+        meta = self._version_meta()
+
+        def job():
+            manifest = retried(lambda: self._publish_weights(v, weights, meta), f"uploading v{v}")
+            if ckpt is not None:
+                checkpoint.finalize(self.ckpt_dir, *ckpt)
+            # explorers load announced versions only; a checkpoint's version is announced once the
+            # checkpoint is durable, so that with checkpoint_every=1 a restarted trainer redoes (and
+            # overwrites in S3) only versions nobody loaded, and the version numbers stay dense
+            self.announce(manifest.sha256, version=v, step=step)
+            self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+
+        self.publisher.submit(f"v{v}", job)
+        if ckpt is not None:
+            self._to_commit = dict(ckpt[1].offsets)
+
+    def _write_checkpoint_files(self) -> tuple | None:
+        """Step 1 of a checkpoint (every rank: DeepSpeed writes shards collectively): the state as
+        of now and the engine's files in `.tmp-v<N>`; (tmp, state, trained ids) for `finalize`."""
+        import copy
+
         self.state.seen, self.state.offsets, self.state.counts = dict(self.seen.ids), dict(self.next_offsets), self.counts.as_dict()
         barrier = getattr(self.engine, "barrier", lambda: None)
-        if not self.is_main:
-            checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, is_main=False, barrier=barrier)
-            self.trained_since_ckpt = []  # rank 0's copy goes into the checkpoint
-            return
-        # the dead letters of records this checkpoint moves past must be acknowledged first
-        flush_or_raise(self.producer, timeout=60)
-        manifest = self._publish_weights(v, weights)
-        # the trained ids go inside the checkpoint; it copies them to audit/ once it is durable
-        checkpoint.save(self.ckpt_dir, self.state, self._write_checkpoint, trained=self.trained_since_ckpt, barrier=barrier)
-        self.trained_since_ckpt = []
-        # explorers load announced versions only, and only a durable checkpoint is announced: a
-        # version that a restarted trainer redoes (and overwrites in S3) was never loaded by anyone
-        self.announce(manifest.sha256)
-        if self.next_offsets:
-            self._commit()
-        self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+        if self.is_main:  # the dead letters of records this checkpoint moves past must be acknowledged first
+            flush_or_raise(self.producer, timeout=60)
+        tmp = checkpoint.write(self.ckpt_dir, self.state.version, self._write_checkpoint, is_main=self.is_main,
+                               barrier=barrier)
+        trained, self.trained_since_ckpt = self.trained_since_ckpt, []  # rank 0's copy goes into the checkpoint
+        return (tmp, checkpoint.TrainerState(**copy.deepcopy(self.state.__dict__)), trained) if self.is_main else None
 
-    def _publish_weights(self, v: int, weights: dict):
-        """Version `v` to S3: whole, or with `trainer.weight_sync.delta` (full weights only) as the
-        delta from the version this process published last (`engine.delta.DeltaPublisher`)."""
+    def checkpoint_now(self) -> None:
+        """A checkpoint of the version last published, without publishing it again (the end of a
+        run whose last versions came between checkpoints). Only while the weights are that version's."""
+        v = self.state.version
+        self._await_publisher()
+        ckpt = self._write_checkpoint_files()
+        self.versions_since_ckpt = 0
+        if self.is_main:
+            self.publisher.submit(f"checkpoint v{v}", lambda: checkpoint.finalize(self.ckpt_dir, *ckpt))
+            self._to_commit = dict(ckpt[1].offsets)
+
+    def _await_publisher(self) -> None:
+        """Wait for the version in flight (raising its failure), then commit its checkpoint's offsets."""
+        if not self.is_main:
+            return
+        self.publisher.wait()
+        if self._to_commit:
+            self._commit(self._to_commit)
+        self._to_commit = None
+
+    def _publish_weights(self, v: int, weights: dict, meta: dict):
+        """Version `v` to S3 (on the publisher's thread, one at a time): whole, or with
+        `trainer.weight_sync.delta` (full weights only) as the delta from the version this process
+        published last (`engine.delta.DeltaPublisher`)."""
         from streamrft.engine.weights import publish_state_dict
 
         sync = self.tc.weight_sync
@@ -294,8 +354,8 @@ class Trainer(UpdateLoop):
                 from streamrft.engine.delta import DeltaPublisher
 
                 self._delta = DeltaPublisher(sync.full_every)
-            return self._delta.publish(self.store, self.cfg.weights_key, v, weights, meta=self._version_meta())
-        return publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta=self._version_meta())
+            return self._delta.publish(self.store, self.cfg.weights_key, v, weights, meta=meta)
+        return publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta=meta)
 
     def _version_meta(self) -> dict:
         """A version's manifest meta: its step, what it holds (`LoraSpec.from_manifest` reads it) and
@@ -310,10 +370,10 @@ class Trainer(UpdateLoop):
                                                  weights=lora is not None)
         return {"step": self.state.step, **(lora.manifest_meta() if lora else {"kind": "full"}), **self._base_meta}
 
-    def _commit(self) -> None:
-        """Commit the checkpoint's offsets for people and tools. The checkpoint, not this commit,
+    def _commit(self, offsets: dict[str, int]) -> None:
+        """Commit a durable checkpoint's offsets for people and tools. The checkpoint, not this commit,
         is what a restart resumes from, so a commit that keeps failing is logged and skipped."""
-        offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in self.next_offsets.items()]
+        offsets = [TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]), o) for k, o in offsets.items()]
         delay = 0.5
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
@@ -346,12 +406,15 @@ class Trainer(UpdateLoop):
         if hasattr(self.batch_advantage, "save") and self.is_main:
             self.batch_advantage.save(directory)
 
-    def announce(self, manifest_sha: str = "") -> None:
-        wv = WeightVersion(model=self.cfg.model.name, version=self.state.version, bucket=self.store.bucket,
-                           prefix=self.store.prefix(self.cfg.weights_key, self.state.version),
-                           manifest_sha256=manifest_sha, step=self.state.step)
-        self.producer.produce(topic_name(self.cfg.namespace, "weights"), key=self.cfg.model.name.encode(), value=encode(wv))
-        flush_or_raise(self.producer)
+    def announce(self, manifest_sha: str = "", version: int | None = None, step: int | None = None) -> None:
+        """Version `version` (default: the state's) on the weights topic; called by the publisher thread too."""
+        version = self.state.version if version is None else version
+        step = self.state.step if step is None else step
+        wv = WeightVersion(model=self.cfg.model.name, version=version, bucket=self.store.bucket,
+                           prefix=self.store.prefix(self.cfg.weights_key, version),
+                           manifest_sha256=manifest_sha, step=step)
+        self.announcer.produce(topic_name(self.cfg.namespace, "weights"), key=self.cfg.model.name.encode(), value=encode(wv))
+        flush_or_raise(self.announcer)
 
     def metric(self, values: dict[str, float]) -> None:
         if not self.is_main:
@@ -410,9 +473,11 @@ class Trainer(UpdateLoop):
         - S3 versions above both the checkpoint and the newest announce were published by a
           trainer that died before their checkpoint was durable. Nobody loaded them (explorers
           load announced versions only): they are deleted, and the coming steps redo them.
-        - An announce above the checkpoint means newer checkpoints were lost (a wiped disk).
-          Training goes on from the checkpoint's weights, but numbered above every announced
-          version, so an explorer that loaded version N never meets a different version N.
+        - An announce above the checkpoint: with `checkpoint_every` > 1, versions published
+          after the last checkpoint (the usual case after a crash), else newer checkpoints lost
+          (a wiped disk). Training goes on from the checkpoint's weights and offsets, redoing the
+          steps since, but numbered above every announced version, so an explorer that loaded
+          version N never meets a different version N.
         - Otherwise the checkpoint's version is announced (again), unless it already is.
         """
         key = self.cfg.weights_key
@@ -427,7 +492,7 @@ class Trainer(UpdateLoop):
                 self.store.delete_version(key, v)
         if announced is not None and (ckpt is None or announced > ckpt):
             log.warning("v%d is announced but the newest checkpoint in %s is %s: continuing from the "
-                        "checkpoint, numbering the next version v%d", announced, self.ckpt_dir,
+                        "checkpoint (redoing the steps since), numbering the next version v%d", announced, self.ckpt_dir,
                         "none" if ckpt is None else f"v{ckpt}", announced + 1)
             return ("publish", announced + 1) if ckpt is None else ("none", announced)
         if ckpt is None:
@@ -451,12 +516,13 @@ class Trainer(UpdateLoop):
         elif action == "republish":  # S3 lost the checkpoint's version: upload the same weights again
             weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
             if self.is_main:
-                self.announce(self._publish_weights(v, weights).sha256)
+                self.announce(self._publish_weights(v, weights, self._version_meta()).sha256)
 
     def run(self) -> dict:
         try:
             return self._run()
         finally:
+            self.publisher.close()  # nothing writes the checkpoint directory once its lock is given up
             if self._lock is not None:
                 checkpoint.unlock(self._lock)
                 self._lock = None
@@ -476,17 +542,22 @@ class Trainer(UpdateLoop):
             self.counts.trained += len(samples)
             self.counts.groups_trained += len({t.group_id for t, _, _ in samples})
             self.state.step += 1
+            t2 = time.monotonic()
             if self.state.step % self.tc.sync_interval == 0:
                 self.state.version += 1
-                self.publish()
-            metrics.update(version=self.state.version, wait_s=t1 - t0, step_s=time.monotonic() - t1,
+                self.publish(checkpoint_due=self.versions_since_ckpt + 1 >= self.tc.checkpoint_every)
+            metrics.update(version=self.state.version, wait_s=t1 - t0, step_s=t2 - t1, publish_s=time.monotonic() - t2,
                            **{f"count_{k}": v for k, v in self.counts.as_dict().items()})
             self.metric(metrics)
             log.info("step %d v%d loss %.4f reward %.3f", self.state.step, self.state.version,
                      metrics.get("loss", 0.0), metrics["reward_mean"])
+        self._await_publisher()  # raises a failed publish: the role restarts from its checkpoint
         if self.replay and self.state.step % self.tc.sync_interval:
             self.state.version += 1  # the end of the log: publish the steps since the last version
             self.publish()
+        elif self.versions_since_ckpt and self.state.step % self.tc.sync_interval == 0:
+            self.checkpoint_now()  # the last versions came between checkpoints; the weights are the last one's
+        self._await_publisher()
         if self.is_main:
             flush_or_raise(self.producer)
             self.consumer.close()
