@@ -123,6 +123,7 @@ class Trainer(UpdateLoop):
         self.update_metrics: list[dict[str, float]] = []  # one per optimiser update of the last step
         self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
         self._delta = None  # engine.delta.DeltaPublisher with trainer.weight_sync.delta (full weights only)
+        self._announced_at: dict[int, float] = {}  # version -> when announced, until its first trajectory comes back
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
@@ -410,6 +411,7 @@ class Trainer(UpdateLoop):
         """Version `version` (default: the state's) on the weights topic; called by the publisher thread too."""
         version = self.state.version if version is None else version
         step = self.state.step if step is None else step
+        self._announced_at[version] = time.monotonic()
         wv = WeightVersion(model=self.cfg.model.name, version=version, bucket=self.store.bucket,
                            prefix=self.store.prefix(self.cfg.weights_key, version),
                            manifest_sha256=manifest_sha, step=step)
@@ -527,6 +529,18 @@ class Trainer(UpdateLoop):
                 checkpoint.unlock(self._lock)
                 self._lock = None
 
+    def _loop_latency(self, versions: set[int], now: float) -> float | None:
+        """The loop's own latency: from announcing a version to the first trajectory generated with it
+        reaching a batch (seconds; None when this batch holds no version seen for the first time)."""
+        latency = None
+        for v in sorted(versions):
+            announced = self._announced_at.pop(v, None)
+            if announced is not None:
+                latency = now - announced
+        for v in [v for v in list(self._announced_at) if v < min(versions)]:  # never used: forget them (list(): the publisher adds)
+            self._announced_at.pop(v, None)
+        return latency
+
     def _run(self) -> dict:
         self._start()
         while self.state.step < self.tc.max_steps:
@@ -535,6 +549,7 @@ class Trainer(UpdateLoop):
             if samples is None:
                 break
             t1 = time.monotonic()
+            latency = self._loop_latency({t.model_version for t, _, _ in samples}, t1)
             metrics = self.train_step(samples)
             for t, _, _ in samples:
                 self.seen.add(t.traj_id, t.model_version)
@@ -547,6 +562,7 @@ class Trainer(UpdateLoop):
                 self.state.version += 1
                 self.publish(checkpoint_due=self.versions_since_ckpt + 1 >= self.tc.checkpoint_every)
             metrics.update(version=self.state.version, wait_s=t1 - t0, step_s=t2 - t1, publish_s=time.monotonic() - t2,
+                           **({"loop_latency_s": latency} if latency is not None else {}),
                            **{f"count_{k}": v for k, v in self.counts.as_dict().items()})
             self.metric(metrics)
             log.info("step %d v%d loss %.4f reward %.3f", self.state.step, self.state.version,
