@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -89,8 +91,10 @@ def main() -> None:
               f"{changed / n_params:.2%} of the bf16 elements changed")
 
         es = EmbeddedStack(tmp / "stack", **free_ports())
-        state = es.up()
+        # a kill (timeout, Ctrl-C) still runs the `finally` below: the stack is stopped, never left behind
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
+            state = es.up()
             kafka = KafkaConfig(bootstrap=state.kafka)
             s3 = S3Config(endpoint=state.s3, access_key=S3_KEY, secret_key=S3_KEY)
             store = WeightStore(s3)
