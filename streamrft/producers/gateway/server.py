@@ -50,6 +50,17 @@ def _error(e: GatewayError) -> JSONResponse:
                         status_code=e.status, headers=headers)
 
 
+async def json_object(request: Request) -> dict:
+    """The request's body, which must be a JSON object (400 otherwise)."""
+    try:
+        body = await request.json()
+    except Exception:
+        raise GatewayError(400, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the body must be a JSON object")
+    return body
+
+
 def _number(body: dict, name: str, default: Any, lo: float, hi: float, integer: bool = False) -> Any:
     v = body.get(name)
     if v is None:
@@ -165,12 +176,7 @@ class Gateway:
 
     async def _generate(self, request: Request, chat: bool, handed) -> dict:
         team = self.team(request)
-        try:
-            body = await request.json()
-        except Exception:
-            raise GatewayError(400, "the body is not JSON") from None
-        if not isinstance(body, dict):
-            raise GatewayError(400, "the body must be a JSON object")
+        body = await json_object(request)
         episode_id, group_id, size, evaluation = self._episode_ids(request, body)
         params, stop, want_lp, top = self._params(body, chat)
         if episode_id is not None and params.n != 1:
@@ -364,12 +370,6 @@ def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAP
     @app.post("/v1/episodes/{episode_id}/finish")
     async def finish(episode_id: str, request: Request) -> dict:
         team = gw.team(request)
-        try:
-            body = await request.json()
-        except Exception:
-            raise GatewayError(400, "the body is not JSON") from None
-        if not isinstance(body, dict):
-            raise GatewayError(400, "the body must be a JSON object")
-        return await gw.store.finish(team, episode_id, body)
+        return await gw.store.finish(team, episode_id, await json_object(request))
 
     return app
