@@ -164,3 +164,16 @@ def update_loop(cfg, engine, ref_model, tokenizer, world: int = 1):
     loop.tokenizer, loop.device, loop.world = tokenizer, "cpu", world
     loop.state, loop.update_metrics = TrainerState(), []
     return loop
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.05):
+    """`predicate()`'s first truthy value, polled every `every` s; AssertionError naming `what` after `timeout`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

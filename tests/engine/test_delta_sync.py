@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from streamrft.engine.weights import fetch_state_dict  # noqa: E402
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics  # noqa: E402
 from streamrft.infra.objectstore import CorruptVersionError, WeightStore  # noqa: E402
 from streamrft.schemas import WeightVersion, encode, topic_name  # noqa: E402
+from tests_helpers import wait_for
 
 
 @pytest.fixture
@@ -116,14 +116,6 @@ def _announce(kafka, namespace: str, store: WeightStore, key: str, version: int)
     flush_or_raise(producer)
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def test_the_watcher_gets_past_a_corrupt_delta_bit_exact(stack, store, namespace, tmp_path):
@@ -145,18 +137,18 @@ def test_the_watcher_gets_past_a_corrupt_delta_bit_exact(stack, store, namespace
     watcher.start()
     try:
         _announce(stack.kafka, namespace, store, key, 0)
-        v, state, lora = _wait_for(watcher.take, 30, "v0")
+        v, state, lora = wait_for(watcher.take, 30, "v0")
         assert v == 0 and lora is None and _equal(state, states[0])
         _announce(stack.kafka, namespace, store, key, 1)
-        _wait_for(lambda: watcher.fetch_errors >= 2, 30, "failed fetches of v1")
+        wait_for(lambda: watcher.fetch_errors >= 2, 30, "failed fetches of v1")
         _announce(stack.kafka, namespace, store, key, 2)
-        _wait_for(lambda: watcher.fetch_errors >= 4, 30, "failed fetches of v2")
+        wait_for(lambda: watcher.fetch_errors >= 4, 30, "failed fetches of v2")
         assert watcher.take() is None
         _announce(stack.kafka, namespace, store, key, 3)
-        v, state, _ = _wait_for(watcher.take, 30, "v3, a full snapshot")
+        v, state, _ = wait_for(watcher.take, 30, "v3, a full snapshot")
         assert v == 3 and _equal(state, states[3])
         _announce(stack.kafka, namespace, store, key, 4)
-        v, state, _ = _wait_for(watcher.take, 30, "v4, a delta onto v3")
+        v, state, _ = wait_for(watcher.take, 30, "v4, a delta onto v3")
         assert v == 4 and _equal(state, states[4])
         errors = watcher.fetch_errors
     finally:

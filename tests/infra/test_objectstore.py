@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
 from streamrft.infra.objectstore import MANIFEST, CorruptVersionError, WeightStore
 from streamrft.schemas import WeightVersion, encode, topic_name
+from tests_helpers import wait_for
 
 
 def _tiny_module(seed: int) -> torch.nn.Module:
@@ -110,14 +111,6 @@ def test_gc_keeps_the_newest(store, namespace, tmp_path):
 
 
 # ---- riding out S3 restarts ---------------------------------------------------------------------
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _announce(kafka, namespace: str, store: WeightStore, key: str, version: int) -> None:
@@ -180,10 +173,10 @@ def test_watcher_retries_a_version_it_could_not_fetch(stack, store, namespace, t
     watcher = WeightsWatcher(stack.kafka, namespace, store, "policy", key, tmp_path / "cache").start()
     try:
         _announce(stack.kafka, namespace, store, key, 1)
-        _wait_for(lambda: watcher.fetch_errors >= 2, 30, "two failed fetches")
+        wait_for(lambda: watcher.fetch_errors >= 2, 30, "two failed fetches", every=0.1)
         assert watcher.latest_announced == 1 and watcher.take() is None
         store.client.put_object(store.bucket, shard, io.BytesIO(good), len(good))
-        version, state, lora = _wait_for(watcher.take, 30, "the repaired version")
+        version, state, lora = wait_for(watcher.take, 30, "the repaired version", every=0.1)
     finally:
         watcher.stop()
     assert version == 1 and _same_weights(state, module) and lora is None  # a manifest without `kind`: full
@@ -203,7 +196,7 @@ def test_publish_and_the_watcher_ride_out_an_s3_restart(private_stack, tmp_path)
     try:
         # announced before it is in S3: the watcher keeps asking for it while S3 goes away
         _announce(kafka, ns, store, key, 1)
-        _wait_for(lambda: watcher.fetch_errors >= 1, 30, "a failed fetch")
+        wait_for(lambda: watcher.fetch_errors >= 1, 30, "a failed fetch", every=0.1)
         es.kill("weed")  # SIGKILL
         outcome: dict = {}
 
@@ -221,7 +214,7 @@ def test_publish_and_the_watcher_ride_out_an_s3_restart(private_stack, tmp_path)
         es.restart("weed")
         publisher.join(90)
         assert "manifest" in outcome, outcome
-        version, state, _ = _wait_for(watcher.take, 90, "the version published across the restart")
+        version, state, _ = wait_for(watcher.take, 90, "the version published across the restart", every=0.1)
     finally:
         watcher.stop()
     assert version == 1 and _same_weights(state, module)
