@@ -1,0 +1,210 @@
+"""One typed config tree for every role, loaded from YAML and overridden by dotted flags.
+
+`load_config("run.yaml", ["trainer.lr=1e-6"])` returns a validated `RunConfig`; a wrong value
+raises `ConfigError` naming the field by its dotted path and the allowed values or range
+(`trainer.sync_interval: must be >= 1 (got 0)`). Every number has its real range here, so a value
+that would crash or hang a role later is refused at load. Names of algorithm parts and rewards
+live here as plain tuples so validating a config never imports torch; tests check they match the
+registries in `streamrft.engine.algorithms` and `streamrft.stream_ops.rewards`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+
+from streamrft.config.base import (_FINITE, ADVANTAGE_TYPES, AGGREGATION_MODES, ALGORITHM_TYPES, ENV_TYPES,
+                                   KL_ESTIMATOR_TYPES, OFFLINE_TYPES, POLICY_LOSS_TYPES, REWARD_NAMES,
+                                   WORKFLOW_TYPES, ConfigError, Section, _Loader)
+from streamrft.config.explorer import (DataConfig, EngineConfig, EnvConfig, ExplorerConfig, GatewayConfig,
+                                       GatewayTeam, SamplingConfig)
+from streamrft.config.model import LORA_TARGETS, PACKAGED_MODELS, PYPI_SOURCE, LoraSpec, ModelConfig, TinyModelSpec
+from streamrft.config.monitor import LOGGER_BACKENDS, DashboardConfig, MonitorConfig, PrometheusConfig
+from streamrft.config.stack import KafkaConfig, S3Config, StackConfig
+from streamrft.config.stream_ops import RewardTerm, StreamOpsConfig
+from streamrft.config.trainer import (AlgorithmConfig, DeepSpeedConfig, KLConfig, PartConfig, ReplayConfig,
+                                      TrainerConfig, WeightSyncConfig)
+
+__all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES", "KL_ESTIMATOR_TYPES", "LOGGER_BACKENDS", "LORA_TARGETS",
+           "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES", "WORKFLOW_TYPES",
+           "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "EngineConfig", "EnvConfig", "EvalConfig",
+           "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
+           "PartConfig", "PrometheusConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config", "SamplingConfig", "Section",
+           "StackConfig", "StageConfig", "StreamOpsConfig", "TinyModelSpec", "TrainerConfig", "WeightSyncConfig",
+           "apply_overrides", "dump_config", "load_config", "parse_config"]
+
+
+class EvalConfig(Section):
+    every_versions: int = Field(5, ge=0)
+    """Evaluate greedy reward on `data.eval` every this many versions (0 = start and end only)."""
+    max_tasks: int = Field(100, ge=1)
+
+
+class StageConfig(Section):
+    """A stage before the RL loop, e.g. an SFT warm-up on `data`."""
+
+    type: Literal["sft"] = "sft"
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(1e-3, gt=0, **_FINITE)
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Synthetic-data settings or a `path` to a JSONL of prompt/completion pairs."""
+
+
+class RunConfig(Section):
+    namespace: str = "streamrft"
+    output_dir: str = "out/run"
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    s3: S3Config = Field(default_factory=S3Config)
+    stack: StackConfig = Field(default_factory=StackConfig)
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    stream_ops: StreamOpsConfig = Field(default_factory=StreamOpsConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    stages: list[StageConfig] = Field(default_factory=list)
+    max_wall_s: float | None = Field(None, gt=0, **_FINITE)
+    """Stop the run after this many seconds (None = at trainer.max_steps)."""
+
+    @property
+    def weights_key(self) -> str:
+        """Where this run's weight versions live in the bucket: `<namespace>/<model.name>/v<N>/`,
+        so runs sharing one S3 store never overwrite each other's versions."""
+        return f"{self.namespace}/{self.model.name}"
+
+    @property
+    def teams(self) -> list[str]:
+        """Every team producing into this run: the explorers' and the gateway's."""
+        return list(dict.fromkeys([self.explorer.team, *(t.name for t in self.gateway.teams)]))
+
+    @model_validator(mode="after")
+    def _producers(self) -> "RunConfig":
+        if self.explorer.num_explorers == 0 and not self.gateway.enabled:
+            raise ValueError("explorer.num_explorers=0 needs gateway.enabled=true: nothing would produce rollouts")
+        if self.gateway.enabled and not self.gateway.teams:
+            raise ValueError("gateway.enabled=true needs gateway.teams: at least one team with key_env or key_sha256")
+        names = [t.name for t in self.gateway.teams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gateway.teams: team names repeat ({names})")
+        return self
+
+    @model_validator(mode="after")
+    def _updates(self) -> "RunConfig":
+        t = self.trainer
+        if (t.ppo_epochs > 1 or t.mini_batches > 1) and t.engine != "torch":
+            raise ValueError(f"trainer.ppo_epochs={t.ppo_epochs} / trainer.mini_batches={t.mini_batches} need "
+                             f"trainer.engine='torch' (got {t.engine!r}): DeepSpeed makes one update per batch")
+        if t.mini_batches > t.batch_groups * self.explorer.group_size:
+            raise ValueError(f"trainer.mini_batches={t.mini_batches} is more than the trajectories of a batch "
+                             f"(trainer.batch_groups x explorer.group_size = {t.batch_groups * self.explorer.group_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _autocast(self) -> "RunConfig":
+        if self.trainer.autocast and self.trainer.engine != "torch":
+            raise ValueError(f"trainer.autocast needs trainer.engine='torch' (got {self.trainer.engine!r}): DeepSpeed "
+                             "sets its own precision (deepspeed.config bf16 / fp16)")
+        return self
+
+    @model_validator(mode="after")
+    def _lora(self) -> "RunConfig":
+        if self.model.lora is None:
+            return self
+        if self.trainer.engine != "torch":
+            raise ValueError(f"model.lora needs trainer.engine='torch' (got trainer.engine={self.trainer.engine!r}): "
+                             "the DeepSpeed engine trains full weights only")
+        if self.algorithm.type in OFFLINE_TYPES:
+            raise ValueError(f"model.lora trains online RL only; algorithm.type={self.algorithm.type!r} is trained "
+                             f"offline on full weights (online types: "
+                             f"{[t for t in ALGORITHM_TYPES if t not in OFFLINE_TYPES]})")
+        return self
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` flags (value parsed as YAML) onto a raw config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, value = item.split("=", 1)
+        node = raw
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {p!r} is not a section")
+        node[parts[-1]] = yaml.load(value, Loader=_Loader)
+    return raw
+
+
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _section_in(annotation: Any) -> type[Section] | None:
+    """The config section a field holds (`X`, `X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    return next((s for arg in get_args(annotation) if (s := _section_in(arg)) is not None), None)
+
+
+def _field_at(loc: tuple) -> FieldInfo | None:
+    """The field an error's location points at (list indices skipped), to state its whole range."""
+    section: type[Section] | None = RunConfig
+    info = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if section is None or part not in section.model_fields:
+            return None
+        info = section.model_fields[part]
+        section = _section_in(info.annotation)
+    return info
+
+
+def _range(err: dict) -> str:
+    """`>= 1 and <= 65535`: every bound of the field, lower first (falls back to the one broken)."""
+    info = _field_at(err["loc"])
+    bounds = [(op, getattr(m, op)) for m in (info.metadata if info else []) for op in _BOUNDS if hasattr(m, op)]
+    bounds = sorted(bounds, key=lambda b: b[0] in ("lt", "le")) or list(err["ctx"].items())
+    return " and ".join(f"{_BOUNDS[op]} {value}" for op, value in bounds)
+
+
+def _format_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in _BOUND_ERRORS:
+            msg = f"must be {_range(err)}"
+        elif err["type"] == "finite_number":
+            msg = "must be a finite number"
+        # the value given, where it is one value (a validator's own message already names it)
+        if err["type"] not in ("value_error", "missing") and not isinstance(err["input"], (dict, list)):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"{loc}: {msg}" if loc else msg)  # a check across sections names its fields itself
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def parse_config(raw: dict) -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    raw = yaml.load(Path(path).read_text(), Loader=_Loader) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return parse_config(apply_overrides(raw, overrides or []))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

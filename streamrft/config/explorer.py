@@ -1,0 +1,166 @@
+"""Tasks and explorers: data, the rollout engine, sampling, workflows and environments; the gateway."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from streamrft.config.base import _FINITE, _PORT, ENV_TYPES, WORKFLOW_TYPES, Section, _choice
+
+
+class DataConfig(Section):
+    train: str | None = None
+    """JSONL or Parquet file of tasks (prompt/answer), or of pairs for offline training."""
+    eval: str | None = None
+    source: Literal["file", "topic"] = "file"
+    """Explorers read tasks from `train` (file) or from the run's tasks topic (topic)."""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    shuffle: bool = True
+    seed: int = Field(0, ge=0)
+    synthetic: dict[str, Any] | None = None
+    """Generate the demo task's data into `train`/`eval` when they are missing."""
+
+
+class EngineConfig(Section):
+    type: Literal["transformers", "vllm"] = "transformers"
+    device: str = "cpu"
+    max_batch: int = Field(64, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The rollout engine's weights (None: `model.dtype`). Versions arrive in the trainer's dtype and
+    are cast on load. `bfloat16` samples 2.4x faster than float32 on a CPU with AVX512-BF16
+    (`benchmarks/cpu_train_step.py`); behaviour log-probs then differ from the trainer's float32
+    recomputation by bf16 rounding (the importance ratio absorbs it; `trainer.autocast` narrows it)."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vLLM only: the share of the GPU's total memory it may take (weights, activations, CUDA graphs,
+    KV cache); vLLM refuses to start while less than that is free."""
+    kv_cache_gib: float | None = Field(None, gt=0, **_FINITE)
+    """vLLM only: the KV cache's size, fixed (`kv_cache_memory_bytes`). None: what
+    `gpu_memory_utilization` leaves after weights, activations and CUDA graphs, as vLLM measures
+    them from the whole GPU's free memory, which other processes starting on the same GPU disturb:
+    set it when explorers share a GPU with each other or the trainer (examples/gsm8k_gpu.yaml)."""
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0, **_FINITE)
+    """0 = greedy."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    """0 = no top-k truncation."""
+    max_new_tokens: int = Field(32, ge=1)
+
+
+class EnvConfig(Section):
+    """The environment of the multi-turn workflows: a fresh `cls(**params)` per episode."""
+
+    type: str | None = None
+    """A name in `streamrft.producers.envs.ENVIRONMENTS`."""
+    import_path: str | None = None
+    """`pkg.module:Class` for your own environment; wins over `type`."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's constructor (e.g. `{high: 16, max_guesses: 5}`)."""
+
+    @model_validator(mode="after")
+    def _named(self) -> "EnvConfig":
+        if self.import_path:
+            return self
+        if self.type is None:
+            raise ValueError("an environment needs `type` or `import_path`")
+        _choice(self.type, ENV_TYPES, "type")
+        return self
+
+
+class ExplorerConfig(Section):
+    num_explorers: int = Field(2, ge=0)
+    """Explorers `streamrft run` starts. Explorers may join and leave a run at will: task shards
+    and shares of the admission headroom follow the explorers present (see `num_slots`), not this
+    number. 0: a run whose rollouts all come through the gateway (`gateway.enabled`)."""
+    num_slots: int = Field(64, ge=1, le=4096)
+    """Partitions of `<ns>.explorer-slots`, the unit in which the `<ns>.explorer-members` group
+    shares tasks and admission headroom among the explorers present (more explorers than slots:
+    some idle)."""
+    team: str = "default"
+    group_size: int = Field(8, ge=1)
+    """n: trajectories per task, published together as one RolloutGroup."""
+    tasks_per_batch: int = Field(4, ge=1)
+    """Tasks generated in one engine call, at most; fewer when admission control leaves this
+    explorer less headroom (see `trainer.max_staleness`)."""
+    workflow: str = "single_turn"
+    """How tasks become groups (`streamrft.producers.workflows`): `single_turn`; `multi_turn` (one
+    trajectory per episode in `env`, loss mask 1 only on sampled tokens); `step_wise` (one trajectory
+    per model turn, each with the episode's reward)."""
+    workflow_import_path: str | None = None
+    """`pkg.module:function` for your own workflow; wins over `workflow`."""
+    env: EnvConfig | None = None
+    """The environment of `multi_turn` and `step_wise` (required by them)."""
+    max_turns: int = Field(8, ge=1)
+    """Multi-turn: model turns per episode at most (ends it with finish_reason `max_turns`). A model
+    turn has at most `sampling.max_new_tokens` tokens (finish_reason `length`)."""
+    max_total_tokens: int = Field(1024, ge=2)
+    """Multi-turn: prompt + response tokens of an episode at most (finish_reason `max_total_tokens`);
+    keep it within the model's context (the tiny char model's `max_positions`)."""
+    chat_template: bool = False
+    """Render each prompt as a user turn with the tokenizer's chat template (instruct models);
+    multi-turn: environment turns as user turns, model turns as assistant turns."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    torch_threads: int = Field(1, ge=1)
+    max_groups: int | None = Field(None, ge=1)
+    """Stop after publishing this many groups (None = until the run ends)."""
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, v: str) -> str:
+        return _choice(v, WORKFLOW_TYPES, "workflow")
+
+    @model_validator(mode="after")
+    def _env(self) -> "ExplorerConfig":
+        if self.workflow_import_path is None and self.workflow != "single_turn" and self.env is None:
+            raise ValueError(f"workflow={self.workflow!r} needs an environment: set explorer.env")
+        return self
+
+
+class GatewayTeam(Section):
+    """A team that trains through the gateway: its key decides its rollouts topic `<ns>.rollouts.<name>`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=200)
+    """Letters, digits, '.', '_', '-' (it names a topic)."""
+    key_env: str | None = None
+    """The environment variable holding the team's API key (read by the gateway at start)."""
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    """Or the SHA-256 of the key, lowercase hex: the config never holds the key itself."""
+
+    @model_validator(mode="after")
+    def _one_key(self) -> "GatewayTeam":
+        if (self.key_env is None) == (self.key_sha256 is None):
+            raise ValueError(f"team {self.name!r} needs exactly one of key_env, key_sha256")
+        return self
+
+
+class GatewayConfig(Section):
+    """The rollout gateway (`streamrft serve`): the policy behind an OpenAI-compatible endpoint, and
+    the episodes other teams' agents run through it published as RolloutGroups (docs/gateway.md)."""
+
+    enabled: bool = False
+    """`streamrft run` starts the gateway too."""
+    host: str = "127.0.0.1"
+    port: int = Field(8000, **_PORT)
+    teams: list[GatewayTeam] = Field(default_factory=list)
+    group_size: int | None = Field(None, ge=1)
+    """Episodes of one group (None: `explorer.group_size`); a client may name its own per group."""
+    group_timeout_s: float = Field(600.0, gt=0, **_FINITE)
+    """A group not complete this long after it started is published with the episodes finished
+    by then (none finished: dropped); its unfinished episodes expire."""
+    episode_timeout_s: float = Field(300.0, gt=0, **_FINITE)
+    """An episode with no call and no finish for this long expires (counted, dropped)."""
+    max_open_episodes: int = Field(4096, ge=1)
+    """Open episodes at most; a new one beyond gets 429."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Default `max_tokens` of a request (None: `explorer.sampling.max_new_tokens`)."""
+    max_context: int | None = Field(None, ge=2)
+    """Prompt + completion tokens at most (None: `explorer.max_total_tokens`)."""
+    batch_wait_ms: float = Field(5.0, ge=0, le=1000, **_FINITE)
+    """How long the engine waits after a request for others to batch with it."""
+    evaluate: bool = False
+    """Evaluate held-out every `eval.every_versions` as explorers do (a run whose only producer is
+    the gateway: `explorer.num_explorers: 0`)."""

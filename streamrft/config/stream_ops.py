@@ -1,0 +1,40 @@
+"""Stream ops: reward terms, filtering, priority."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from streamrft.config.base import _FINITE, REWARD_NAMES, Section, _choice
+
+
+class RewardTerm(Section):
+    import_path: str | None = None
+    """`pkg.module:function` for your own reward; wins over `name`."""
+    name: str | None = None
+    """A reward in `streamrft.stream_ops.rewards.REWARDS`, or `env` (the environment's reward)."""
+    weight: float = Field(1.0, **_FINITE)
+    """Any finite number: a negative weight makes the term a penalty."""
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # declared after import_path so it is known here: a user's function skips the name check
+        if info.data.get("import_path"):
+            return v
+        return _choice(v, REWARD_NAMES, "name")
+
+    @model_validator(mode="after")
+    def _named(self) -> "RewardTerm":
+        if not self.name and not self.import_path:
+            raise ValueError("a reward term needs `name` or `import_path`")
+        return self
+
+
+class StreamOpsConfig(Section):
+    rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="exact_match")], min_length=1)
+    drop_zero_variance: bool = True
+    """Filter groups whose rewards are all equal (no learning signal under group baselines)."""
+    priority: Literal["fifo", "reward_std", "abs_advantage"] = "reward_std"
+    workers: int = Field(1, ge=1)

@@ -1,0 +1,168 @@
+"""The trainer's intake: records off the experiences topic into batches.
+
+`Intake.collect` takes `batch_groups` admitted groups, oldest weights first across partitions
+(`oldest_head`), each record decoded strictly once; anything wrong with one record (decoding, a
+token the model cannot take, a non-finite value) makes it a dead letter, and a group dropped stale
+or dead-lettered is announced on `<ns>.admission` for the explorers' admission control. Where it
+reads from: the checkpoint's offsets, never the group's committed ones (`_on_assign`); when
+replaying another run's log, from `trainer.replay`'s start to the log's end fixed at start.
+A mixin of `consumers.trainer.Trainer`, which holds the state it reads and writes.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from streamrft.consumers.admission import Counts, admit_trajectories, oldest_head
+from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, decode, encode, topic_name
+
+log = logging.getLogger(__name__)
+
+PENDING_TOP_UP = 256  # fetched records below which the trainer fetches more before taking one
+
+
+class Intake:
+    def _start_replay(self) -> None:
+        """Fix the end of the replayed log now, and where each partition starts (fresh runs)."""
+        from streamrft.infra.kafka import partition_ends
+
+        ends = partition_ends(self.cfg.kafka, self.topic)
+        self.replay_end = {f"{self.topic}:{e.partition}": e.end for e in ends}
+        if self.next_offsets:
+            return  # resumed: the checkpoint knows where we are
+        starts = {f"{self.topic}:{e.partition}": max(e.start, self.replay.from_offset) for e in ends}
+        if self.replay.from_timestamp_ms is not None:
+            asked = [TopicPartition(self.topic, e.partition, self.replay.from_timestamp_ms) for e in ends]
+            for tp in self.consumer.offsets_for_times(asked, timeout=10):
+                # -1: nothing at or after that time in this partition
+                starts[f"{tp.topic}:{tp.partition}"] = tp.offset if tp.offset >= 0 else self.replay_end[f"{tp.topic}:{tp.partition}"]
+        self.next_offsets = starts
+        self.position = dict(starts)
+
+    def _replay_done(self) -> bool:
+        return self.replay_end is not None and not self.pending and all(
+            self.position.get(k, 0) >= end for k, end in self.replay_end.items())
+
+    def _on_assign(self, consumer, partitions):
+        # the checkpoint (and what this process read since), not the group's committed offset,
+        # is the authority on where to resume; what was fetched before the rebalance is fetched
+        # again from there
+        assigned = {(tp.topic, tp.partition) for tp in partitions}
+        self.pending = [m for m in self.pending if (m.topic(), m.partition()) not in assigned]
+        self._decoded.clear()
+        for tp in partitions:
+            key = f"{tp.topic}:{tp.partition}"
+            if key in self.position:
+                tp.offset = self.position[key]
+        consumer.assign(partitions)
+
+    def _poll(self, timeout: float) -> None:
+        """Fetch records into `pending`. Consume errors are logged (librdkafka recovers from them
+        by itself, e.g. while a broker restarts) and fatal ones raised."""
+        for m in self.consumer.consume(64, timeout=timeout):
+            err = m.error()
+            if err is None:
+                self.pending.append(m)
+            elif err.fatal():
+                raise KafkaException(err)
+            else:
+                log.warning("consume error on %s: %s", m.topic() or self.topic, err)
+
+    # ---- data -----------------------------------------------------------------------------
+    def _dead_letter(self, msg, err: Exception, counts: Counts) -> None:
+        # durable before the checkpoint that moves past `msg`: publish() flushes first
+        log.warning("dead letter %s[%d]@%d: %s: %s", msg.topic(), msg.partition(), msg.offset(), type(err).__name__, err)
+        dl = DeadLetter(reason=str(err) or type(err).__name__, error_type=type(err).__name__, source_topic=msg.topic(),
+                        source_partition=msg.partition(), source_offset=msg.offset(), role="trainer",
+                        key=msg.key(), value=msg.value() or b"")
+        self.producer.produce(topic_name(self.cfg.namespace, "dlq"), key=msg.key(), value=encode(dl))
+        counts.dead_lettered += 1
+        self._dropped(GroupDropped.of_record(msg.key(), msg.topic(), msg.partition(), msg.offset(), "dead_letter",
+                                             "trainer"))
+
+    def _dropped(self, drop: GroupDropped) -> None:
+        """Tell explorers' admission control that a group will never be trained (replay: no explorers).
+        Sent at once; the flush before each checkpoint makes it durable before the offsets move past it."""
+        if not self.replay:
+            self.producer.produce(topic_name(self.cfg.namespace, "admission"), key=drop.group_id.encode(),
+                                  value=encode(drop))
+
+    def _check_fits_model(self, eg: ExperienceGroup) -> None:
+        """Data the model cannot take becomes a dead letter instead of crashing the step."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        max_len = getattr(self.model.config, "max_position_embeddings", None)
+        for t in eg.trajectories:
+            top = max(t.prompt_ids + t.response_ids)
+            if top >= vocab:
+                raise ValueError(f"trajectory {t.traj_id}: token id {top} >= the model's vocabulary size {vocab}")
+            if max_len and len(t.prompt_ids) + len(t.response_ids) > max_len:
+                raise ValueError(f"trajectory {t.traj_id}: {len(t.prompt_ids) + len(t.response_ids)} tokens "
+                                 f"> the model's {max_len} positions")
+        if not all(math.isfinite(x) for x in (*eg.rewards, *eg.advantages)):
+            raise ValueError(f"group {eg.group_id}: non-finite reward or advantage")
+
+    def _decoded_at(self, i: int) -> ExperienceGroup | Exception:
+        """pending[i] decoded, once (what decoding raised is kept: the record becomes a dead letter)."""
+        m = self.pending[i]
+        at = (m.topic(), m.partition(), m.offset())
+        if at not in self._decoded:
+            try:
+                self._decoded[at] = decode(m.value(), ExperienceGroup)
+            except Exception as e:
+                self._decoded[at] = e
+        return self._decoded[at]
+
+    def _take(self):
+        """(record, its ExperienceGroup or decoding error): of the pending records, the next to train
+        on (`oldest_head`: the oldest weights first across partitions)."""
+        def version_of(i: int) -> int:
+            eg = self._decoded_at(i)
+            return -1 if isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)
+
+        i = oldest_head([(m.topic(), m.partition()) for m in self.pending], version_of)
+        eg = self._decoded_at(i)
+        msg = self.pending.pop(i)
+        del self._decoded[(msg.topic(), msg.partition(), msg.offset())]
+        return msg, eg
+
+    def collect(self) -> list[tuple] | None:
+        """Samples (trajectory, advantage, reward) of `batch_groups` admitted groups; None if stopped.
+
+        A batch is all or nothing: its offsets and counters join the trainer's state only once it
+        is complete, so a stop half-way leaves nothing for the next checkpoint to record.
+        """
+        samples, groups, batch_ids = [], 0, set()
+        offsets, counts = {}, Counts()
+        while groups < self.tc.batch_groups:
+            if self.stop.is_set():
+                return None
+            if self._replay_done():
+                break  # the log's end: train on what is left, then stop
+            if not self.pending:
+                self._poll(0.5)
+                continue
+            if len(self.pending) < PENDING_TOP_UP:
+                self._poll(0)  # what arrived meanwhile joins the choice of the oldest (`_take`)
+            msg, eg = self._take()
+            key = f"{msg.topic()}:{msg.partition()}"
+            self.position[key] = offsets[key] = msg.offset() + 1
+            try:
+                if isinstance(eg, Exception):
+                    raise eg
+                self._check_fits_model(eg)
+                stale = counts.stale
+                keep = admit_trajectories(eg.trajectories, self.state.version, self.max_staleness, self.seen,
+                                          counts, batch_ids)
+            except Exception as e:  # whatever one record does, it is dead-lettered, never a crash
+                self._dead_letter(msg, e, counts)
+                continue
+            if keep:
+                groups += 1
+                samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
+            elif counts.stale > stale:
+                self._dropped(GroupDropped(group_id=eg.group_id, reason="stale", role="trainer"))
+        self.next_offsets.update(offsets)
+        self.counts.add(counts)
+        return samples or None
