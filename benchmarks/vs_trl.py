@@ -17,8 +17,8 @@ Both train on data.train's prompts, score with the demo's reward (`stream_ops.re
 imported from streamrft), and are evaluated by the same function: `streamrft.producers.evaluate.
 evaluate_run` (greedy, explorer.sampling.max_new_tokens, the first eval.max_tasks of data.eval),
 which TRL's callback runs on a `TransformersEngine` loaded with the live TRL weights every
-`--eval-every` steps; streamrft's explorer slot 0 runs it every `eval.every_versions` (set to
-`--eval-every`). The hyperparameters that exist on both sides are mapped one to one (the script
+`--eval-every` steps; streamrft's evaluator role runs it on the newest version once it is
+`eval.every_versions` (set to `--eval-every`) past the last one evaluated. The hyperparameters that exist on both sides are mapped one to one (the script
 prints the mapping): group 8, 64 completions per step (TRL per-device batch 64 = 8 prompts x 8;
 streamrft trainer.batch_groups 8 x group_size 8), lr constant (HF's default schedule is linear
 decay: set to constant), AdamW with weight decay 0 and grad-norm clip 1.0, one PPO epoch,
@@ -45,8 +45,8 @@ What cannot be matched, and how it was handled:
   load average ~5, TRL with 2 threads took 2.3 s a step, with 1 thread 0.29 s: oversubscribed
   threads spin). The load average is printed before, between and after the two.
 - Where the eval time goes. TRL's eval blocks training: its clock excludes the time in the eval
-  callback. streamrft's eval runs on explorer slot 0 concurrently (it slows that explorer, it is
-  in streamrft's clock). The time to 0.8 is, on both sides, when the step / version whose eval
+  callback. streamrft's eval runs in its evaluator role concurrently (it pauses no explorer,
+  but shares the cores; it is in streamrft's clock). The time to 0.8 is, on both sides, when the step / version whose eval
   first reached the target was produced (TRL: end of that step; streamrft: the trainer's metric
   reporting that version), not when its eval finished.
 - Start of the clock. TRL: before loading the checkpoint and building GRPOTrainer. streamrft: when

@@ -233,6 +233,13 @@ def cmd_explore(args) -> int:
     return run_explorer(_role_config(args), args.index)
 
 
+def cmd_evaluate(args) -> int:
+    _logging()
+    from streamrft.producers.evaluator import run_evaluator
+
+    return run_evaluator(_role_config(args))
+
+
 def cmd_serve(args) -> int:
     _logging()
     from streamrft.producers.gateway import serve
@@ -325,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
     p.set_defaults(fn=cmd_explore)
+    p = sub.add_parser("evaluate", help="run the evaluator: held-out eval of the run's weight versions as they come")
+    _config_args(p)
+    p.set_defaults(fn=cmd_evaluate)
     p = sub.add_parser("serve", help="run the rollout gateway: an OpenAI-compatible endpoint for other teams' agents")
     _config_args(p)
     p.set_defaults(fn=cmd_serve)

@@ -213,7 +213,8 @@ def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path, signum):
     assert proc.returncode == 130, "".join(lines) + out
     assert "interrupted" in out and "stack down" in out
     pids = list(roles.values()) + [p["pid"] for p in stack["procs"].values()]
-    assert len(pids) == 4 + 2  # trainer, stream ops, 2 explorers; weed, tansu
+    assert len(pids) == 5 + 2  # trainer, stream ops, 2 explorers, evaluator; weed, tansu
+    assert "evaluator" in roles
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -41,6 +41,11 @@ class EvalConfig(Section):
     every_versions: int = Field(5, ge=0)
     """Evaluate greedy reward on `data.eval` every this many versions (0 = start and end only)."""
     max_tasks: int = Field(100, ge=1)
+    runner: Literal["evaluator", "explorer"] = "evaluator"
+    """Who evaluates during the run: `evaluator`, a role of its own with its own rollout engine
+    (`streamrft evaluate`; it skips versions rather than fall behind, and never pauses an explorer),
+    or `explorer`, the explorer holding slot 0, between its generations (no engine of its own: for
+    a GPU with no room for one). `gateway.evaluate` has the gateway evaluate instead (no evaluator)."""
 
 
 class StageConfig(Section):

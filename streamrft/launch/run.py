@@ -49,6 +49,12 @@ def _stop(procs: dict[str, subprocess.Popen], timeout: float = 20.0) -> None:
             p.wait()
 
 
+def runs_evaluator(cfg: RunConfig) -> bool:
+    """Does the run evaluate held-out during the run in an evaluator role (`producers/evaluator.py`)?"""
+    return (cfg.eval.runner == "evaluator" and bool(cfg.data.eval) and cfg.eval.every_versions > 0
+            and not (cfg.gateway.enabled and cfg.gateway.evaluate))
+
+
 def final_eval(cfg: RunConfig, version: int | None) -> float:
     """Greedy eval reward of `version` (None = the prepared initial model), fetched from S3 and verified."""
     import tempfile
@@ -154,7 +160,8 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         commands = {"trainer": ["train", str(resolved)], "stream-ops": ["score", str(resolved)],
                     **{f"explorer-{i}": ["explore", str(resolved), "--index", str(i)]
                        for i in range(cfg.explorer.num_explorers)},
-                    **({"gateway": ["serve", str(resolved)]} if cfg.gateway.enabled else {})}
+                    **({"gateway": ["serve", str(resolved)]} if cfg.gateway.enabled else {}),
+                    **({"evaluator": ["evaluate", str(resolved)]} if runs_evaluator(cfg) else {})}
         for name, args in commands.items():
             procs[name] = _spawn(args, logs / f"{name}.log")
         restarts = dict.fromkeys(commands, 0)

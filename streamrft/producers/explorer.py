@@ -8,8 +8,9 @@ joins or leaves. Each runs its workflow (`explorer.workflow`: single-turn sample
 episodes in `explorer.env`) on up to `tasks_per_batch` tasks x `group_size` samples at a time,
 publishes every group whole (acks=all), and waits while admission control (`admission.py`) says
 that what all explorers generated already would keep the trainer busy until a group started now
-arrived too stale. The holder of slot 0 evaluates each `eval.every_versions`-th version, so the
-eval survives the departure of any one explorer.
+arrived too stale. The held-out eval runs in a role of its own (`evaluator.py`); with
+`eval.runner: explorer` the holder of slot 0 evaluates each `eval.every_versions`-th version between
+its generations, so the eval survives the departure of any one explorer.
 """
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ class Explorer:
         from streamrft.producers.evaluate import evaluate_run
 
         cfg, v = self.cfg, self.engine.version
-        if 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0 or v in evaluated \
-                or v % cfg.eval.every_versions:
+        if cfg.eval.runner != "explorer" or 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0 \
+                or v in evaluated or v % cfg.eval.every_versions:
             return
         evaluated.add(v)
         if self.eval_tasks is None:

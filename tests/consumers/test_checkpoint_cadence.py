@@ -26,14 +26,17 @@ def _announced(kafka, namespace: str) -> list[int]:
     return [decode(m.value(), WeightVersion).version for m in read_all(kafka, topic_name(namespace, "weights"))]
 
 
+@pytest.mark.parametrize("sync", ["full", "delta"])
 def test_kill_9_between_checkpoints_redoes_the_steps_under_new_versions(private_stack, namespace, trainer_config, kit,
-                                                                        tmp_path):
+                                                                        tmp_path, sync):
     from streamrft.config import dump_config
     from streamrft.infra.kafka import committed_offsets
 
     kafka = private_stack.kafka
     overrides = ["trainer.batch_groups=1", "trainer.max_steps=8", "trainer.checkpoint_every=3",
                  "trainer.max_staleness=100", "trainer.keep_versions=100"]
+    if sync == "delta":  # snapshots v0, v4 before the kill; a restart starts its chain with a snapshot (v6)
+        overrides += ["trainer.weight_sync.delta=true", "trainer.weight_sync.full_every=4"]
     cfg = trainer_config(private_stack, *overrides)
     ckpt, store, key = Path(cfg.output_dir) / "trainer", WeightStore(cfg.s3), cfg.weights_key
     config = tmp_path / "config.yaml"
@@ -78,6 +81,28 @@ def test_kill_9_between_checkpoints_redoes_the_steps_under_new_versions(private_
     assert sorted(int(f.stem[1:]) for f in (ckpt / "audit").glob("v*.json")) == [0, 3, 8, 10]
     final = json.loads((ckpt / "v10" / "state.json").read_text())
     assert final["offsets"][partition] == state["offsets"][partition] + 5  # nothing below it left untrained
+    if sync == "delta":
+        _check_delta_chain(store, key, ckpt, tmp_path)
+
+
+def _check_delta_chain(store, key: str, ckpt: Path, tmp_path: Path) -> None:
+    """Every version rebuilds from its chain, checksums verified (`fetch_state_dict` raises on a
+    mismatch); the restart's first version is a snapshot (the trainer's chain base died with it);
+    the last version is bit-exact the weights of the trainer's last checkpoint."""
+    import torch
+    from safetensors.torch import load_file
+
+    from streamrft.engine.weights import fetch_state_dict
+
+    metas = {v: store.read_manifest(key, v).meta for v in range(11)}
+    assert [v for v, m in metas.items() if "delta_from" not in m] == [0, 4, 6, 10], metas
+    assert all(metas[v]["delta_from"] == v - 1 for v in (1, 2, 3, 5, 7, 8, 9))
+    states = {v: fetch_state_dict(store, key, v, tmp_path / "cache")[0] for v in range(11)}
+    saved = {}
+    for f in (ckpt / "v10").glob("*.safetensors"):
+        saved.update(load_file(str(f)))
+    assert saved and all(torch.equal(states[10][k], t) for k, t in saved.items() if k in states[10])
+    assert not torch.equal(states[5]["model.embed_tokens.weight"], states[6]["model.embed_tokens.weight"])
 
 
 def test_upload_overlaps_the_next_step(stack, namespace, trainer_config, kit, monkeypatch):
