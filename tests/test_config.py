@@ -176,6 +176,8 @@ OUT_OF_RANGE = [
     ("data.seed=-1", "data.seed: must be >= 0 (got -1)"),
     ("explorer.num_explorers=-1", "explorer.num_explorers: must be >= 0 (got -1)"),
     ("gateway.port=0", "gateway.port: must be >= 1 and <= 65535 (got 0)"),
+    ("monitor.dashboard.port=65536", "monitor.dashboard.port: must be >= 0 and <= 65535 (got 65536)"),
+    ("monitor.prometheus.port_base=65500", "monitor.prometheus.port_base: must be >= 0 and <= 65471 (got 65500)"),
     ("gateway.group_size=0", "gateway.group_size: must be >= 1 (got 0)"),
     ("gateway.group_timeout_s=0", "gateway.group_timeout_s: must be > 0 (got 0)"),
     ("gateway.episode_timeout_s=0", "gateway.episode_timeout_s: must be > 0 (got 0)"),

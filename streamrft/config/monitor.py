@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from streamrft.config.base import _PORT, Section
+from streamrft.config.base import Section
 
 LOGGER_BACKENDS = ("tensorboard", "wandb", "mlflow")
 
@@ -16,7 +16,8 @@ class DashboardConfig(Section):
     enabled: bool = True
     """`streamrft run` serves the dashboard too and prints its URL."""
     host: str = "127.0.0.1"
-    port: int = Field(8050, **_PORT)
+    port: int = Field(8050, ge=0, le=65535)
+    """0: a free port, printed (tests, runs side by side)."""
 
 
 class PrometheusConfig(Section):
@@ -24,8 +25,9 @@ class PrometheusConfig(Section):
 
     enabled: bool = False
     host: str = "127.0.0.1"
-    port_base: int = Field(9400, ge=1, le=65535 - 64)
-    """Roles take ports from here up, in the order they start (the port is logged and on the metrics topic)."""
+    port_base: int = Field(9400, ge=0, le=65535 - 64)
+    """Roles take ports from here up, in the order they start (the port is logged and on the metrics
+    topic); 0: each role a free port."""
 
 
 class MonitorConfig(Section):
