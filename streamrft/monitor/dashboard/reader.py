@@ -49,13 +49,24 @@ class RunReader:
     # ---- records ---------------------------------------------------------------------------------
     def _new_partitions(self, consumer) -> list[TopicPartition]:
         topics = consumer.list_topics(timeout=10).topics
-        fresh = [TopicPartition(name, p, OFFSET_BEGINNING) for name, meta in sorted(topics.items())
+        # from the start, or after a restart of this thread from where it had got to
+        fresh = [TopicPartition(name, p, self.state.seen.get((name, p), OFFSET_BEGINNING))
+                 for name, meta in sorted(topics.items())
                  if name.startswith(self.ns + ".") for p in meta.partitions
                  if (name, p) not in self.assigned]
         self.assigned.update((tp.topic, tp.partition) for tp in fresh)
         return fresh
 
     def _records(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self._follow()
+            except Exception:  # a fatal client error: a new consumer goes on from the offsets seen
+                log.exception("dashboard: reading the run's topics failed; starting again in 2 s")
+                self.assigned.clear()
+                self.stop_event.wait(2.0)
+
+    def _follow(self) -> None:
         consumer = make_consumer(self.kafka, None, **{"client.id": f"dashboard-{self.ns}"})
         next_scan = 0.0
         try:

@@ -49,10 +49,15 @@ def staleness_histogram(announces: list[tuple[float, int]], scored: Iterable[tup
     """staleness -> trajectories, staleness counted when stream ops scored the trajectory: the
     newest version announced by then minus the version that generated it (a lower bound of the
     trainer's own count, which also includes the time in the experiences topic)."""
+    times, newest, top = [], [], 0
+    for t, v in announces:  # the newest version announced by each announce's time (a prefix max)
+        top = max(top, v)
+        times.append(t)
+        newest.append(top)
     hist: Counter[int] = Counter()
     for t, model_version in scored:
-        v = version_at(announces, t)
-        hist[max((v if v is not None else 0) - model_version, 0)] += 1
+        i = bisect.bisect_right(times, t)
+        hist[max((newest[i - 1] if i else 0) - model_version, 0)] += 1
     return dict(sorted(hist.items()))
 
 
