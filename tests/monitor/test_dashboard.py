@@ -35,7 +35,7 @@ def _overrides(stack, out: Path) -> list[str]:
         "data.synthetic={task: guess_number, train_size: 200, eval_size: 8, seed: 0}",
         "explorer.num_explorers=1", "explorer.group_size=4", "explorer.tasks_per_batch=4",
         "trainer.batch_groups=2", "trainer.max_staleness=1", "trainer.max_steps=3",
-        "eval.every_versions=2", "eval.max_tasks=8", "max_wall_s=null", "monitor.dashboard.port=0",
+        "eval.every_versions=2", "eval.max_tasks=8", "max_wall_s=null",
     ]
 
 

@@ -36,8 +36,8 @@ def ids_text(ids: list[int]) -> str:
 def load_decoder(model_path: str | None) -> Decode:
     """The run's tokenizer's decode (special tokens kept: an EOS between turns is information),
     or `ids_text` when `model.path` is not on this machine."""
-    if not model_path or not (Path(model_path) / "tokenizer_config.json").exists() \
-            and not (Path(model_path) / "tokenizer.json").exists():
+    files = ("tokenizer.json", "tokenizer_config.json")
+    if not model_path or not any((Path(model_path) / f).exists() for f in files):
         log.warning("no tokenizer at model.path=%s: the trajectory viewer shows token ids", model_path)
         return ids_text
     from streamrft.engine.models import load_tokenizer
