@@ -2,8 +2,9 @@
 example, a few versions) serves its page (port 0) and prints the URL; a malformed record on its
 rollouts topic becomes a dead letter; then `streamrft dashboard` on the finished run is opened in
 Debian's headless Chromium, which must draw the reward series, list a trajectory with masked
-(environment) tokens and the dead letter with its source offset. The screenshot is left in the
-test's tmp dir (`DASHBOARD_SCREENSHOT=path` copies it, e.g. to docs/dashboard.png).
+(environment) tokens and the dead letter with its source offset, and draw a metric produced while
+it is open, without a reload. The screenshot is left in the test's tmp dir
+(`DASHBOARD_SCREENSHOT=path` copies it).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from streamrft.infra.kafka import flush_or_raise, make_producer
+from streamrft.schemas import Metric, encode
 from tests_helpers import stack_overrides, stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +118,14 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         assert masked and trained and any(m.text.strip() for m in masked)
         lag = chrome.execute_script("return window.dashboardCharts['c-lag'].data.labels")
         assert any(label.startswith("trainer") and label.endswith("experiences") for label in lag), lag
+        # live, without a reload: a record produced now reaches the open page through the event stream
+        evals = chrome.execute_script(js)[1]
+        producer = make_producer(stack.kafka)
+        late = Metric.of_finite("eval", "test", 99, {"eval_reward": 0.5, "version": 99})
+        producer.produce(f"{ns}.metrics", key=b"test", value=encode(late))
+        flush_or_raise(producer)
+        del producer
+        wait_for(lambda: chrome.execute_script(js)[1] == evals + 1, 30, "the new eval point, live", every=0.5)
         shot = tmp_path / "dashboard.png"
         chrome.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
