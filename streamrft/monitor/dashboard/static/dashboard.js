@@ -33,8 +33,9 @@ function lines(id, xTitle, series, opts) {
 function bars(id, labels, series, opts) {
   const c = chart(id, "bar", null, opts);
   if (!c) return;
-  c.data.labels = labels;
-  c.data.datasets = series.map((s, i) => ({ label: s.label, data: s.values, backgroundColor: COLORS[i % COLORS.length] }));
+  c.data.labels = labels.length ? labels : ["none yet"];  // an empty chart would look broken
+  c.data.datasets = series.map((s, i) => ({ label: s.label, data: labels.length ? s.values : [0],
+    backgroundColor: COLORS[i % COLORS.length] }));
   c.update();
 }
 
