@@ -96,9 +96,11 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         assert run.returncode == 0, "".join(seen)[-4000:]
         assert "final:" in rest
 
-        # the finished run, from its topics alone: `streamrft dashboard` on its resolved config
+        # the finished run, from its topics alone, as on another machine (no model.path there: the
+        # tokenizer comes from the base files in S3): `streamrft dashboard` on its resolved config
         config = next(tmp_path.glob("*/config.yaml"))
-        dash = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "dashboard", str(config), "--port", "0"],
+        dash = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "dashboard", "--port", "0", str(config),
+                                 f"model.path={tmp_path / 'not-on-this-machine'}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
         url = _lines_until(dash, URL, [], timeout=60).group(1)
         chrome.get(url)
@@ -109,7 +111,7 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
                  "a trajectory with masked tokens", every=0.5)
         wait_for(lambda: chrome.find_elements("xpath", "//table[@id='dead']//td[contains(., 'rollouts.default[')]"),
                  60, "the dead letter with its source", every=0.5)
-        # the tokenizer is loaded in the background: wait until the viewer shows text, not ids
+        # the tokenizer is fetched and loaded in the background: wait until the viewer shows text, not ids
         wait_for(lambda: not chrome.find_element("id", "tokinfo").text, 60, "the tokenizer", every=0.5)
         wait_for(lambda: "guess" in chrome.find_element("css selector", ".traj .prompt").text, 30, "decoded prompts",
                  every=0.5)

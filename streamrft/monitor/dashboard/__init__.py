@@ -22,9 +22,11 @@ class Dashboard:
         from streamrft.monitor.dashboard.reader import RunReader
         from streamrft.monitor.dashboard.state import RunState
 
+        if namespace:  # the run's weights in S3 (the tokenizer's fallback) are under its namespace too
+            cfg = cfg.model_copy(update={"namespace": namespace})
         d = cfg.monitor.dashboard
         self.cfg, self.host = cfg, host or d.host
-        self.state = RunState(namespace or cfg.namespace)
+        self.state = RunState(cfg.namespace)
         self.reader = RunReader(cfg.kafka, self.state)
         # bound here, before serving: with port 0 the URL must name the port really taken
         self.sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -41,13 +43,19 @@ class Dashboard:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
 
-    def _load_decoder(self) -> None:
+    def _load_decoder(self, stop: threading.Event) -> None:
+        """In the background (seconds: transformers' import): `model.path`'s tokenizer, else the one
+        in S3 beside the run's versions, looked for every 10 s until the first version is there."""
+        from streamrft.infra.objectstore import WeightStore
         from streamrft.monitor.dashboard.trajectories import load_decoder
 
-        try:
-            self._decode = load_decoder(self.cfg.model.path)
-        except Exception as e:  # an unreadable tokenizer: the viewer shows ids, the rest works
-            log.warning("dashboard: tokenizer at %s not loaded (%s); showing token ids", self.cfg.model.path, e)
+        while not stop.is_set():
+            try:
+                self._decode = load_decoder(self.cfg.model.path, WeightStore(self.cfg.s3), self.cfg.weights_key)
+            except Exception as e:  # an unreadable tokenizer, S3 away: ids for now, try again
+                log.warning("dashboard: tokenizer not loaded (%s); showing token ids", e)
+            if self._decode is not None or stop.wait(10.0):
+                return
 
     def _server(self):
         import uvicorn
@@ -62,7 +70,7 @@ class Dashboard:
         """Read the topics and serve the page from background threads; returns the URL."""
         self.reader.start()
         self.server = self._server()
-        for name, target in (("dashboard-tokenizer", self._load_decoder),
+        for name, target in (("dashboard-tokenizer", lambda: self._load_decoder(self.reader.stop_event)),
                              ("dashboard-http", lambda: self.server.run(sockets=[self.sock]))):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -72,7 +80,8 @@ class Dashboard:
     def serve_forever(self) -> None:
         """Serve in this thread until Ctrl-C or SIGTERM (uvicorn's own handlers)."""
         self.reader.start()
-        threading.Thread(target=self._load_decoder, name="dashboard-tokenizer", daemon=True).start()
+        threading.Thread(target=self._load_decoder, args=(self.reader.stop_event,), name="dashboard-tokenizer",
+                         daemon=True).start()
         self.server = self._server()
         try:
             self.server.run(sockets=[self.sock])

@@ -2,8 +2,9 @@
 
 A response is cut into runs of equal `loss_mask`: a run of 1s is what the trainer trains on (the
 model's turns), a run of 0s what it does not (environment / tool turns of a multi-turn episode).
-Each run is decoded on its own with the run's tokenizer (`load_decoder`), so the page can show the
-turns one after another and highlight the trained ones. Without a tokenizer the ids are shown.
+Each run is decoded on its own with the run's tokenizer (`load_decoder`: `model.path`, or the base
+files in S3), so the page can show the turns one after another and highlight the trained ones.
+Without a tokenizer the ids are shown.
 """
 from __future__ import annotations
 
@@ -33,17 +34,35 @@ def ids_text(ids: list[int]) -> str:
     return "[" + " ".join(map(str, ids)) + "]"
 
 
-def load_decoder(model_path: str | None) -> Decode:
-    """The run's tokenizer's decode (special tokens kept: an EOS between turns is information),
-    or `ids_text` when `model.path` is not on this machine."""
-    files = ("tokenizer.json", "tokenizer_config.json")
-    if not model_path or not any((Path(model_path) / f).exists() for f in files):
-        log.warning("no tokenizer at model.path=%s: the trajectory viewer shows token ids", model_path)
-        return ids_text
+def _decoder(path: str | Path) -> Decode:
     from streamrft.engine.models import load_tokenizer
 
-    tok = load_tokenizer(model_path)
+    tok = load_tokenizer(path)  # read into memory: the directory may go afterwards
     return lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def load_decoder(model_path: str | None, store=None, weights_key: str | None = None) -> Decode | None:
+    """The run's tokenizer's decode (special tokens kept: an EOS between turns is information): from
+    `model.path`, else from the base files the run's newest version names in S3 (`store`; a run
+    trained on another machine). None while neither has one (no version yet: ask again later);
+    `ids_text` for a LoRA run away from its `model.path` (its base in S3 holds the base weights:
+    too much to fetch for a tokenizer)."""
+    if model_path and any((Path(model_path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return _decoder(model_path)
+    if store is None:
+        return ids_text
+    import tempfile
+
+    version = store.latest_version(weights_key)
+    if version is None:
+        return None
+    meta = store.read_manifest(weights_key, version).meta
+    if "base" not in meta or meta.get("kind", "full") != "full":
+        log.warning("no tokenizer at model.path=%s and none to fetch from S3: the viewer shows token ids", model_path)
+        return ids_text
+    with tempfile.TemporaryDirectory(prefix="streamrft-dashboard-") as tmp:
+        store.fetch_base(meta["base"], meta["base_sha256"], Path(tmp))
+        return _decoder(tmp)
 
 
 def staleness_of(version_at_scoring: int | None, model_version: int) -> int | None:
