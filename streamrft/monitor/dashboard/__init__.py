@@ -89,6 +89,7 @@ class Dashboard:
             self.reader.stop()
 
     def stop(self) -> None:
+        self.reader.stop_event.set()  # the tokenizer thread waits on it too
         if self.server is not None:
             self.server.should_exit = True
         for t in self.threads:

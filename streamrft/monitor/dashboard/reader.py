@@ -48,7 +48,7 @@ class RunReader:
 
     # ---- records ---------------------------------------------------------------------------------
     def _new_partitions(self, consumer) -> list[TopicPartition]:
-        topics = consumer.list_topics(timeout=10).topics
+        topics = consumer.list_topics(timeout=3).topics  # short: a broker away must not hold up stop()
         # from the start, or after a restart of this thread from where it had got to
         fresh = [TopicPartition(name, p, self.state.seen.get((name, p), OFFSET_BEGINNING))
                  for name, meta in sorted(topics.items())
