@@ -105,7 +105,8 @@ def _start_dashboard(cfg: RunConfig):
     try:
         dash = Dashboard(cfg)
     except OSError as e:
-        print(f"dashboard: port {cfg.monitor.dashboard.port} not available ({e.strerror}): taking a free one", flush=True)
+        print(f"dashboard: port {cfg.monitor.dashboard.port} not available ({e.strerror}): taking a free one",
+              flush=True)
         dash = Dashboard(cfg, port=0)
     print(f"dashboard: {dash.start()} (docs/dashboard.md)", flush=True)
     return dash

@@ -33,7 +33,8 @@ URL = re.compile(r"^dashboard: (http://\S+/)")
 def _overrides(stack, out: Path) -> list[str]:
     return [
         *stack_overrides(stack, out),
-        "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",
+        "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003,"
+        " data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",
         "data.synthetic={task: guess_number, train_size: 200, eval_size: 8, seed: 0}",
         "explorer.num_explorers=1", "explorer.group_size=4", "explorer.tasks_per_batch=4",
         "trainer.batch_groups=2", "trainer.max_staleness=1", "trainer.max_steps=3",
@@ -104,7 +105,8 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
         url = _lines_until(dash, URL, [], timeout=60).group(1)
         chrome.get(url)
-        js = "const c = window.dashboardCharts['c-reward-time']; return c ? c.data.datasets.map(d => d.data.length) : null"
+        js = ("const c = window.dashboardCharts['c-reward-time'];"
+              "return c ? c.data.datasets.map(d => d.data.length) : null")
         wait_for(lambda: min(chrome.execute_script(js) or [0]) > 0, 60, "the reward chart's train and eval series",
                  every=0.5)
         wait_for(lambda: chrome.find_elements("css selector", ".traj .turn.masked"), 60,

@@ -60,7 +60,8 @@ function draw(s) {
   const st = Object.keys(s.staleness);
   bars("c-staleness", st, [{ label: "trajectories", values: st.map((k) => s.staleness[k]) }]);
   const tt = s.trainer_timings, names = tt.names;
-  lines("c-trainer", "step", names.map((n, i) => ({ label: n, points: tt.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
+  lines("c-trainer", "step", names.map((n, i) => ({ label: n,
+    points: tt.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
 
   const ex = Object.keys(s.explorer_stages);
   const stages = [...new Set(ex.flatMap((e) => Object.keys(s.explorer_stages[e])))];
@@ -68,8 +69,10 @@ function draw(s) {
     { scales: { x: { stacked: true }, y: { stacked: true, max: 1 } } });
   lines("c-streamops", "seconds", Object.entries(s.stream_ops).map(([w, v]) =>
     ({ label: `${w} p50`, points: v.latency.map((p) => [rel(p[0]), p[1]]) })));
-  lines("c-versions", "seconds", [{ label: "published", points: s.published.map((p) => [rel(p[0]), p[1]]), stepped: true },
-    ...Object.entries(s.loaded).map(([e, pts]) => ({ label: `${e} loaded`, points: pts.map((p) => [rel(p[0]), p[1]]), stepped: true }))]);
+  lines("c-versions", "seconds", [
+    { label: "published", points: s.published.map((p) => [rel(p[0]), p[1]]), stepped: true },
+    ...Object.entries(s.loaded).map(([e, pts]) =>
+      ({ label: `${e} loaded`, points: pts.map((p) => [rel(p[0]), p[1]]), stepped: true }))]);
   const lagLabels = [], lagValues = [];
   for (const [g, topics] of Object.entries(s.lag)) for (const [t, n] of Object.entries(topics)) {
     lagLabels.push(`${g.slice(s.namespace.length + 1)} ← ${t.slice(s.namespace.length + 1)}`); lagValues.push(n);
@@ -89,10 +92,19 @@ function draw(s) {
 function table(el, head, rows) {
   el.replaceChildren();
   const tr = el.insertRow();
-  head.forEach((h, i) => { const th = document.createElement("th"); th.textContent = h; if (!i) th.className = "l"; tr.append(th); });
+  head.forEach((h, i) => {
+    const th = document.createElement("th");
+    th.textContent = h;
+    if (!i) th.className = "l";
+    tr.append(th);
+  });
   for (const r of rows) {
     const row = el.insertRow();
-    r.forEach((v, i) => { const td = row.insertCell(); td.textContent = v; if (typeof v === "string" && isNaN(+v)) td.className = "l"; });
+    r.forEach((v) => {
+      const td = row.insertCell();
+      td.textContent = v;
+      if (isNaN(+v)) td.className = "l";  // text left, numbers right
+    });
   }
 }
 
@@ -119,7 +131,9 @@ function span(cls, text, title) {
 
 async function loadGroups() {
   const q = new URLSearchParams();
-  for (const el of document.getElementById("filters").elements) if (el.name && el.type !== "checkbox" && el.value) q.set(el.name, el.value);
+  for (const el of document.getElementById("filters").elements) {
+    if (el.name && el.type !== "checkbox" && el.value) q.set(el.name, el.value);
+  }
   const res = await (await fetch("/api/groups?" + q)).json();
   tokenizerPending = !res.tokenizer;
   document.getElementById("tokinfo").textContent = res.tokenizer ? "" : "(tokenizer not loaded: token ids)";
