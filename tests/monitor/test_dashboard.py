@@ -78,6 +78,9 @@ def chrome(tmp_path):
 
 
 def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack, tmp_path, chrome):
+    from streamrft.monitor.dashboard.app import CHART_JS, VENDOR
+
+    assert (VENDOR / CHART_JS).is_file(), f"no {VENDOR / CHART_JS}: `bash scripts/install.sh` fetches it with npm"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     run = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "run", str(AGENT), *_overrides(stack, tmp_path)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
