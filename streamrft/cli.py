@@ -217,6 +217,18 @@ def cmd_run(args) -> int:
     return run(args.config, args.overrides)
 
 
+def cmd_dashboard(args) -> int:
+    """The live page of a run: the config names the broker and the tokenizer (`model.path`); for a
+    `streamrft run`, pass its resolved `out/<run>/config.yaml` (or `--namespace <run>`)."""
+    from streamrft.config import load_config
+    from streamrft.monitor.dashboard import serve
+
+    cfg = load_config(args.config, args.overrides)
+    if cfg.stack.embedded:
+        cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+    return serve(cfg, args.namespace, args.host, args.port)
+
+
 def cmd_feed(args) -> int:
     from streamrft.producers.feeder import feed_tasks
 
@@ -323,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("topics", help="create the run's topics if missing (idempotent) and list them")
     _config_args(p)
     p.set_defaults(fn=cmd_topics)
+    p = sub.add_parser("dashboard", help="serve the live web page of a run (charts, trajectories, dead letters)")
+    _config_args(p)
+    p.add_argument("--namespace", default=None, help="the run's namespace (default: the config's; "
+                   "`streamrft run` names its runs <namespace>-<date>-<time>)")
+    p.add_argument("--host", default=None, help="default: monitor.dashboard.host (127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="default: monitor.dashboard.port; 0 = a free port")
+    p.set_defaults(fn=cmd_dashboard)
     p = sub.add_parser("feed", help="publish a dataset file's rows as tasks on the run's tasks topic")
     _config_args(p)
     p.add_argument("--file", default=None, help="JSONL/Parquet of tasks (default: data.train)")

@@ -51,7 +51,7 @@ def _processes_of(data_dir: Path, ports: dict[str, int]) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("args", [["--help"], ["up", "--help"], ["schema", "task"]])
+@pytest.mark.parametrize("args", [["--help"], ["up", "--help"], ["dashboard", "--help"], ["schema", "task"]])
 def test_light_commands_do_not_import_torch(args):
     r, imported = _cli(*args)
     assert r.returncode == 0, r.stderr

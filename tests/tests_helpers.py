@@ -10,6 +10,7 @@ def stack_overrides(stack, out: Path) -> list[str]:
         "stack.embedded=false", f"kafka.bootstrap={stack.kafka.bootstrap}", f"s3.endpoint={stack.s3.endpoint}",
         f"s3.access_key={stack.s3.access_key}", f"s3.secret_key={stack.s3.secret_key}", f"output_dir={out}",
         f"model.path={out / 'base'}", "model.build={hidden_size: 32, layers: 1, heads: 2, seed: 0}",
+        "monitor.dashboard.port=0",  # runs side by side never race for the dashboard's port
     ]
 
 

@@ -16,8 +16,9 @@ class DashboardConfig(Section):
     enabled: bool = True
     """`streamrft run` serves the dashboard too and prints its URL."""
     host: str = "127.0.0.1"
+    """Where the page is served; 127.0.0.1 keeps it on this machine (it shows prompts and answers)."""
     port: int = Field(8050, ge=0, le=65535)
-    """0: a free port, printed (tests, runs side by side)."""
+    """0 = a free port, taken at start (the printed URL names it): for tests and runs side by side."""
 
 
 class PrometheusConfig(Section):

@@ -6,7 +6,8 @@ explorers and, with `gateway.enabled`, the gateway as processes (`streamrft
 train|score|explore|serve` on the resolved config), restarts a role that fails (as compose's
 `restart: on-failure` does), shows a live progress line, and stops everything at the end or on
 Ctrl-C. It prints one `final:` line and writes `reward_curve.png`, TensorBoard logs and the
-resolved config.
+resolved config. With `monitor.dashboard.enabled` it serves the run's live page
+(`streamrft.monitor.dashboard`) and prints its URL.
 """
 from __future__ import annotations
 
@@ -102,6 +103,33 @@ def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tu
     plt.close(fig)
 
 
+def _start_dashboard(cfg: RunConfig):
+    """The run's live page, served from this process; a busy configured port (another run's
+    dashboard) gives way to a free one rather than failing the run."""
+    from streamrft.monitor.dashboard import Dashboard
+
+    try:
+        dash = Dashboard(cfg)
+    except OSError as e:
+        print(f"dashboard: port {cfg.monitor.dashboard.port} not available ({e.strerror}): taking a free one",
+              flush=True)
+        dash = Dashboard(cfg, port=0)
+    print(f"dashboard: {dash.start()} (docs/dashboard.md)", flush=True)
+    return dash
+
+
+def _publish_eval(cfg: RunConfig, version: int, reward: float) -> None:
+    """The launcher's own evals (start and end) on the metrics topic, beside the explorers' ones:
+    the dashboard and any later reader see the whole curve."""
+    from streamrft.infra.kafka import flush_or_raise, make_producer
+    from streamrft.schemas import Metric, encode, topic_name
+
+    producer = make_producer(cfg.kafka)
+    m = Metric.of_finite("eval", "launcher", version, {"eval_reward": reward, "version": version})
+    producer.produce(topic_name(cfg.namespace, "metrics"), key=b"launcher", value=encode(m))
+    flush_or_raise(producer)
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -144,13 +172,16 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
 
     run_name = cfg.namespace
     procs: dict[str, subprocess.Popen] = {}
-    follower = None
+    follower = dashboard = None
     try:
         cfg = prepare(cfg)
         resolved = out / "config.yaml"
         resolved.write_text(dump_config(cfg))
         ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
+        if cfg.monitor.dashboard.enabled:
+            dashboard = _start_dashboard(cfg)
         eval_start = final_eval(cfg, None)
+        _publish_eval(cfg, 0, eval_start)
         print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
         if cfg.gateway.enabled:
             print(f"gateway: http://{cfg.gateway.host}:{cfg.gateway.port}/v1 for teams "
@@ -168,7 +199,6 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
         _write_roles(out / "roles.json", procs)
         follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
-        follower.view.evals.append((0.0, 0, eval_start))
         follower.start_lag_thread()
         last_line, lines = 0.0, 0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
@@ -208,15 +238,20 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         _stop(procs)
         if follower is not None:
             follower.close()
+        if dashboard is not None:
+            dashboard.stop()
     from streamrft.infra.objectstore import WeightStore
 
     version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
     eval_end = final_eval(cfg, version)
     view.evals.append((time.time() - view.t0, version, eval_end))
+    _publish_eval(cfg, version, eval_end)
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = view.trajectories
     print(view.profile(), flush=True)
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
+    if cfg.monitor.dashboard.enabled:
+        print(f"dashboard of this run, now finished: streamrft dashboard {out / 'config.yaml'}", flush=True)
     from streamrft.launch.progress import stale_pct
 
     trained, stale = int(view.trainer.get("count_trained", 0)), int(view.trainer.get("count_stale", 0))

@@ -1,0 +1,1 @@
+"""Seeing a run: metric loggers, the live dashboard (`dashboard/`), Prometheus endpoints."""

@@ -1,0 +1,114 @@
+"""The dashboard's aggregation, from hand-made records and hand-computed values: lag from offsets
+seen and committed, staleness when scored, explorer stage shares, team counters, the viewer's
+turns and filters, and the summary a RunState folds them into."""
+from __future__ import annotations
+
+from streamrft.monitor.dashboard.state import (RunState, consumer_lag, reason_kind, stage_shares,
+                                               staleness_histogram, team_table, version_at)
+from streamrft.monitor.dashboard.trajectories import group_view, ids_text, mask_runs, matches
+from streamrft.schemas import DeadLetter, ExperienceGroup, Metric, Task, Trajectory, WeightVersion
+
+
+def test_lag_is_records_seen_minus_committed_per_partition_for_the_topics_a_group_commits_on():
+    seen = {("ns.experiences", 0): 10, ("ns.experiences", 1): 7, ("ns.rollouts.a", 0): 5, ("ns.metrics", 0): 99}
+    committed = {"ns.trainer": {("ns.experiences", 0): 4},  # partition 1 not committed yet: lags by all 7
+                 "ns.stream-ops": {("ns.rollouts.a", 0): 5, ("ns.rollouts.b", 0): 3}}  # b: nothing seen yet
+    assert consumer_lag(seen, committed) == {"ns.trainer": {"ns.experiences": (10 - 4) + 7},
+                                             "ns.stream-ops": {"ns.rollouts.a": 0}}
+    # a commit ahead of what this reader has seen so far counts as no lag, never negative
+    assert consumer_lag({("t", 0): 3}, {"g": {("t", 0): 8}}) == {"g": {"t": 0}}
+
+
+def test_staleness_counts_the_newest_version_announced_when_scored_minus_the_generating_one():
+    announces = [(10.0, 1), (20.0, 2), (30.0, 3)]
+    assert version_at(announces, 5.0) is None and version_at(announces, 20.0) == 2 and version_at(announces, 99) == 3
+    # t=25: v2 announced -> 2-2=0, 2-1=1; t=31: v3 -> 3-1=2; t=1: nothing announced yet -> version 0 -> 0
+    assert staleness_histogram(announces, [(25.0, 2), (25.0, 1), (31.0, 1), (1.0, 0)]) == {0: 2, 1: 1, 2: 1}
+
+
+def test_stage_shares_are_seconds_over_wall_time_and_rates_are_not_stages():
+    assert stage_shares({"generate_s": 30.0, "publish_s": 5.0, "traj_per_s": 3.0, "fetch_s": 2.5, "wall_s": 50.0,
+                         "groups": 7.0}) == {"generate": 0.6, "publish": 0.1, "fetch": 0.05}
+    assert stage_shares({"generate_s": 1.0}) == {}  # no wall time yet
+
+
+def test_team_table_adds_experiences_gateways_and_dead_letters_per_team():
+    from collections import Counter
+
+    exp = {"agents": Counter(groups=2, trajectories=8, trained_tokens=40, masked_tokens=12, reward_sum=6.0)}
+    gw = {"gw1:agents": {"episodes_finished": 3.0, "prompt_tokens": 10.0, "completion_tokens": 4.0,
+                         "rejected_admission": 1.0, "rejected_stale": 2.0},
+          "gw2:agents": {"episodes_finished": 5.0, "rejected_stale": 1.0},
+          "gw1:lab": {"episodes_finished": 1.0}}
+    table = team_table(exp, gw, {"lab": 2})
+    assert table["agents"] == {"groups": 2, "trajectories": 8, "trained_tokens": 40, "masked_tokens": 12,
+                               "reward_mean": 0.75, "episodes": 8.0, "prompt_tokens": 10.0, "completion_tokens": 4.0,
+                               "rejected": 4.0, "expired": 0.0}
+    assert table["lab"] == {"episodes": 1.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "rejected": 0.0,
+                            "expired": 0.0, "dead_letters": 2}
+
+
+def test_dead_letters_are_counted_by_error_type_and_the_reason_up_to_its_first_colon():
+    assert reason_kind("DecodeError", "trajectories.0.logprobs: 3 entries for 4 tokens") == \
+        "DecodeError: trajectories.0.logprobs"
+    assert reason_kind("", "no reward") == "no reward"
+    assert reason_kind("ValueError", "") == "ValueError: (no reason)"
+
+
+def test_mask_runs_cut_a_response_into_turns():
+    assert mask_runs([1, 1, 0, 0, 0, 1, 0]) == [(0, 2, 1), (2, 5, 0), (5, 6, 1), (6, 7, 0)]
+    assert mask_runs([]) == [] and mask_runs([1]) == [(0, 1, 1)]
+
+
+def _group(team: str = "a", rewards=(1.0, 0.0), prompt: str = "guess 1-8:") -> ExperienceGroup:
+    task = Task(task_id=f"t-{team}", prompt=prompt, answer="3")
+    trajs = [Trajectory(group_id="g", task_id=task.task_id, team=team, model_version=1, prompt_ids=[7, 8],
+                        response_ids=[1, 2, 3, 4], logprobs=[-0.1, 0.0, 0.0, -0.2], loss_mask=[1, 0, 0, 1]),
+             Trajectory(group_id="g", task_id=task.task_id, team=team, model_version=2, prompt_ids=[7, 8],
+                        response_ids=[5], logprobs=[-0.3])]
+    return ExperienceGroup(group_id="g", team=team, task=task, trajectories=trajs, rewards=list(rewards),
+                           advantages=[0.5, -0.5], reward_components={"env": list(rewards)}, created_at=100.0)
+
+
+def test_a_group_view_decodes_each_turn_and_marks_what_is_trained():
+    view = group_view(_group(), ids_text, ("ns.experiences", 1, 42), version_at_scoring=3)
+    first, second = view["trajectories"]
+    assert [(u["trained"], u["text"], u["tokens"]) for u in first["turns"]] == \
+        [(True, "[1]", 1), (False, "[2 3]", 2), (True, "[4]", 1)]
+    assert (first["prompt"], first["masked"], first["staleness"], first["components"]) == ("[7 8]", 2, 2, {"env": 1.0})
+    assert second["turns"] == [{"trained": True, "text": "[5]", "tokens": 1}] and second["staleness"] == 1
+    assert (view["offset"], view["reward_mean"]) == (42, 0.5)
+
+
+def test_the_viewer_filters_by_team_task_and_mean_reward():
+    g = _group(team="a", rewards=(1.0, 0.0))  # mean 0.5
+    assert matches(g, None, None, None, None)
+    assert not matches(g, "b", None, None, None) and matches(g, "a", "guess", 0.5, 0.5)
+    assert matches(g, None, "t-a", None, None) and not matches(g, None, "nope", None, None)
+    assert not matches(g, None, None, 0.6, None) and not matches(g, None, None, None, 0.4)
+
+
+def test_run_state_summary_folds_records_in_any_order():
+    s = RunState("ns")
+    with s.lock:
+        s.on_experience(_group(), "ns.experiences", 0, 0)  # read before the announce that precedes it
+        s.on_weights(WeightVersion(model="p", version=2, bucket="b", prefix="p/v2/", created_at=50.0))
+        s.on_metric(Metric(role="trainer", role_id="t", step=4, values={"reward_mean": 0.5, "version": 2.0,
+                                                                         "wait_s": 1.5, "step_s": 0.25},
+                           created_at=110.0))
+        s.on_metric(Metric(role="eval", role_id="launcher", step=0, values={"eval_reward": 0.25, "version": 0.0},
+                           created_at=40.0))
+        s.on_dead_letter(DeadLetter(reason="bad: x", error_type="DecodeError", source_topic="ns.rollouts.a",
+                                    source_offset=9, value=b"\x00\x01", created_at=120.0), offset=0)
+        for offset in range(3):
+            s.on_offset("ns.experiences", 0, offset)
+        s.on_committed({"ns.trainer": {("ns.experiences", 0): 1}})
+    out = s.summary()
+    assert out["t0"] == 40.0
+    assert out["train"] == [(110.0, 4, 2.0, 0.5, None)] and out["evals"] == [(40.0, 0, 0.25)]
+    assert out["trainer_timings"]["points"] == [(110.0, 4, 1.5, 0.25, None, None)]
+    assert out["staleness"] == {0: 1, 1: 1}  # v2 announced at 50, trajectories of v1 and v2 scored at 100
+    assert out["lag"] == {"ns.trainer": {"ns.experiences": 2}}
+    assert out["dead_reasons"] == {"DecodeError: bad": 1} and out["teams"]["a"]["dead_letters"] == 1
+    assert out["dead_letters"][0]["source_offset"] == 9 and out["dead_letters"][0]["bytes"] == 2
+    assert out["teams"]["a"]["trained_tokens"] == 3 and out["teams"]["a"]["masked_tokens"] == 2
