@@ -178,10 +178,11 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         resolved = out / "config.yaml"
         resolved.write_text(dump_config(cfg))
         ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
-        if cfg.monitor.dashboard.enabled:
-            dashboard = _start_dashboard(cfg)
         eval_start = final_eval(cfg, None)
         _publish_eval(cfg, 0, eval_start)
+        if cfg.monitor.dashboard.enabled:  # after the start eval: the dashboard's tokenizer thread importing
+            # transformers while this thread does raced transformers' lazy imports ("cannot import name")
+            dashboard = _start_dashboard(cfg)
         print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
         if cfg.gateway.enabled:
             print(f"gateway: http://{cfg.gateway.host}:{cfg.gateway.port}/v1 for teams "
