@@ -5,9 +5,10 @@ creates the run's topics, launches the trainer, one stream-ops worker, `explorer
 explorers and, with `gateway.enabled`, the gateway as processes (`streamrft
 train|score|explore|serve` on the resolved config), restarts a role that fails (as compose's
 `restart: on-failure` does), shows a live progress line, and stops everything at the end or on
-Ctrl-C. It prints one `final:` line and writes `reward_curve.png`, TensorBoard logs and the
-resolved config. With `monitor.dashboard.enabled` it serves the run's live page
-(`streamrft.monitor.dashboard`) and prints its URL.
+Ctrl-C. It prints one `final:` line and writes `reward_curve.png`, the resolved config and, through
+one `MetricLogger`, every role's metrics from the metrics topic to `monitor.backends` (the roles
+themselves are started with `monitor.backends=[]`, so nothing is logged twice). With
+`monitor.dashboard.enabled` it serves the run's live page (`streamrft.monitor.dashboard`) and prints its URL.
 """
 from __future__ import annotations
 
@@ -169,12 +170,14 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     from streamrft.infra.kafka import ensure_topics, run_topics
     from streamrft.launch.prepare import prepare
     from streamrft.launch.progress import MetricsFollower
+    from streamrft.monitor.loggers import MetricLogger
 
     run_name = cfg.namespace
     procs: dict[str, subprocess.Popen] = {}
     follower = dashboard = None
+    metric_logger = MetricLogger.for_run(cfg)  # the stages' losses too, then every role's metrics
     try:
-        cfg = prepare(cfg)
+        cfg = prepare(cfg, metric_logger)
         resolved = out / "config.yaml"
         resolved.write_text(dump_config(cfg))
         ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
@@ -188,17 +191,18 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
                   f"{', '.join(t.name for t in cfg.gateway.teams)} (docs/gateway.md)", flush=True)
 
         logs = out / "logs"
-        commands = {"trainer": ["train", str(resolved)], "stream-ops": ["score", str(resolved)],
-                    **{f"explorer-{i}": ["explore", str(resolved), "--index", str(i)]
+        role_cfg = [str(resolved), "monitor.backends=[]"]  # this process logs their metrics, off the topic
+        commands = {"trainer": ["train", *role_cfg], "stream-ops": ["score", *role_cfg],
+                    **{f"explorer-{i}": ["explore", *role_cfg, "--index", str(i)]
                        for i in range(cfg.explorer.num_explorers)},
-                    **({"gateway": ["serve", str(resolved)]} if cfg.gateway.enabled else {}),
-                    **({"evaluator": ["evaluate", str(resolved)]} if runs_evaluator(cfg) else {})}
+                    **({"gateway": ["serve", *role_cfg]} if cfg.gateway.enabled else {}),
+                    **({"evaluator": ["evaluate", *role_cfg]} if runs_evaluator(cfg) else {})}
         for name, args in commands.items():
             procs[name] = _spawn(args, logs / f"{name}.log")
         restarts = dict.fromkeys(commands, 0)
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
         _write_roles(out / "roles.json", procs)
-        follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
+        follower = MetricsFollower(cfg.kafka, cfg.namespace, metric_logger)
         follower.start_lag_thread()
         last_line, lines = 0.0, 0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
@@ -240,6 +244,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             follower.close()
         if dashboard is not None:
             dashboard.stop()
+        metric_logger.close()
     from streamrft.infra.objectstore import WeightStore
 
     version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
@@ -249,7 +254,8 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = view.trajectories
     print(view.profile(), flush=True)
-    print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
+    print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; metrics: "
+          f"{', '.join(cfg.monitor.backends) or 'no backend'} under {out}", flush=True)
     if cfg.monitor.dashboard.enabled:
         print(f"dashboard of this run, now finished: streamrft dashboard {out / 'config.yaml'}", flush=True)
     from streamrft.launch.progress import stale_pct
