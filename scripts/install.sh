@@ -7,7 +7,7 @@
 # --no-deps: its own dependencies (llm, llama-cpp-python) are a runtime streamrft never uses.
 # It also puts the dashboard's chart library in place (npm) and, where apt-get exists, Debian's
 # chromium and chromium-driver for the dashboard's browser test.
-# The `wandb` and `mlflow` extras (monitor.backends; ~170 MB, ~25 s) go in too: their tests read back
+# The `wandb` and `mlflow` extras (monitor.backends; ~175 MB, ~25 s: docs/monitoring.md) go in too: their tests read back
 # what a run logged.
 set -euo pipefail
 cd "$(dirname "$0")/.."

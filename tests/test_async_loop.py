@@ -60,6 +60,9 @@ def test_short_run_versions_advance_and_every_trajectory_is_accounted_for(stack,
     assert [s for s, _ in logged["stage/0/loss"]] == list(range(1, 21))  # demo_overrides' 20-step SFT stage
     assert [s for s, _ in logged["trainer/reward_mean"]] == list(range(1, steps + 1))
     assert "explorer/0/trajectories" in logged and "stream_ops/scored" in logged
+    evals = logged["eval/eval_reward"]  # the launcher's start and end evals around the explorers' own
+    assert evals[0] == (0, pytest.approx(float(fields["eval_reward_start"]), abs=1e-3))
+    assert evals[-1] == (steps, pytest.approx(float(fields["eval_reward_end"]), abs=1e-3))
 
     # explorers hot-swapped to newer versions
     swaps = [int(m) for f in (run_dir / "logs").glob("explorer-*.log")

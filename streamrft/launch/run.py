@@ -119,9 +119,9 @@ def _start_dashboard(cfg: RunConfig):
     return dash
 
 
-def _publish_eval(cfg: RunConfig, version: int, reward: float) -> None:
+def _publish_eval(cfg: RunConfig, version: int, reward: float):
     """The launcher's own evals (start and end) on the metrics topic, beside the explorers' ones:
-    the dashboard and any later reader see the whole curve."""
+    the dashboard and any later reader see the whole curve. Returns the Metric."""
     from streamrft.infra.kafka import flush_or_raise, make_producer
     from streamrft.schemas import Metric, encode, topic_name
 
@@ -129,6 +129,7 @@ def _publish_eval(cfg: RunConfig, version: int, reward: float) -> None:
     m = Metric.of_finite("eval", "launcher", version, {"eval_reward": reward, "version": version})
     producer.produce(topic_name(cfg.namespace, "metrics"), key=b"launcher", value=encode(m))
     flush_or_raise(producer)
+    return m
 
 
 def _interrupt(signum, frame) -> None:
@@ -167,15 +168,23 @@ def run(config_path: str, overrides: list[str]) -> int:
 
 
 def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
+    from streamrft.monitor.loggers import MetricLogger
+
+    metric_logger = MetricLogger.for_run(cfg)  # the stages' losses, every role's metrics, the evals
+    try:
+        return _run_logged(cfg, out, t_start, metric_logger)
+    finally:
+        metric_logger.close()
+
+
+def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int:
     from streamrft.infra.kafka import ensure_topics, run_topics
     from streamrft.launch.prepare import prepare
     from streamrft.launch.progress import MetricsFollower
-    from streamrft.monitor.loggers import MetricLogger
 
     run_name = cfg.namespace
     procs: dict[str, subprocess.Popen] = {}
     follower = dashboard = None
-    metric_logger = MetricLogger.for_run(cfg)  # the stages' losses too, then every role's metrics
     try:
         cfg = prepare(cfg, metric_logger)
         resolved = out / "config.yaml"
@@ -184,7 +193,7 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
         if cfg.monitor.dashboard.enabled:
             dashboard = _start_dashboard(cfg)
         eval_start = final_eval(cfg, None)
-        _publish_eval(cfg, 0, eval_start)
+        _publish_eval(cfg, 0, eval_start)  # logged, as every Metric, when the follower reads it
         print(f"run {run_name}: output {out}; eval reward at start {eval_start:.3f}", flush=True)
         if cfg.gateway.enabled:
             print(f"gateway: http://{cfg.gateway.host}:{cfg.gateway.port}/v1 for teams "
@@ -244,13 +253,12 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
             follower.close()
         if dashboard is not None:
             dashboard.stop()
-        metric_logger.close()
     from streamrft.infra.objectstore import WeightStore
 
     version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
     eval_end = final_eval(cfg, version)
     view.evals.append((time.time() - view.t0, version, eval_end))
-    _publish_eval(cfg, version, eval_end)
+    metric_logger.log(_publish_eval(cfg, version, eval_end))  # the follower has stopped reading
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = view.trajectories
     print(view.profile(), flush=True)
