@@ -138,7 +138,7 @@ def test_prometheus_scrapes_every_role_at_the_port_its_config_gives(compose):
         if command == "serve":
             port = cfg.gateway.port  # the gateway's own app serves GET /metrics
         else:
-            role = {"train": "trainer", "score": "stream_ops", "explore": "explorer"}[command]
+            role = {"train": "trainer", "score": "stream_ops", "explore": "explorer", "evaluate": "evaluator"}[command]
             port = cfg.monitor.prometheus.port_base + SLOTS[role] + (args.index if command == "explore" else 0)
         want.add(f"{name}:{port}")
     assert targets == want

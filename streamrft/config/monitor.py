@@ -26,11 +26,11 @@ class PrometheusConfig(Section):
 
     enabled: bool = False
     host: str = "127.0.0.1"
-    """Where the explorer, stream ops and trainer serve `/metrics` (0.0.0.0 in containers); the gateway
+    """Where the explorer, evaluator, stream ops and trainer serve `/metrics` (0.0.0.0 in containers); the gateway
     serves it on its own host and port."""
     port_base: int = Field(9400, ge=0, le=65535 - 64)
-    """Trainer `port_base`, stream ops + 1, explorer i + 3 + i; 0: each takes a free port. A port in use
-    falls back to a free one. Every role prints its port to its log."""
+    """Trainer `port_base`, stream ops + 1, evaluator + 2, explorer i + 3 + i; 0: each takes a free port.
+    A port in use falls back to a free one. Every role prints its port to its log."""
 
 
 class MonitorConfig(Section):

@@ -4,7 +4,7 @@ A role hands every Metric it puts on the metrics topic to its `RoleMetrics` (`ob
 shows the latest values of each, named `streamrft_<role>_<name>` with a `role_id` label (a
 gateway's team counters carry `team` too). Cumulative counts and busy seconds are counters
 (`_total`), the rest gauges (`COUNTERS`). The explorer, stream ops and trainer serve it on
-`host:port_base + SLOTS[role]` (explorer i: + i), or a free port when port_base is 0 or that one
+`host:port_base + SLOTS[role]` (explorer i: + i; the evaluator too), or a free port when port_base is 0 or that one
 is taken, and log the port; the gateway adds the route to its own FastAPI app (`route`).
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ from streamrft.schemas import Metric
 
 log = logging.getLogger(__name__)
 
-SLOTS = {"trainer": 0, "stream_ops": 1, "gateway": 2, "explorer": 3}
-"""Port offsets from `monitor.prometheus.port_base`; explorer i takes `3 + i`."""
+SLOTS = {"trainer": 0, "stream_ops": 1, "evaluator": 2, "explorer": 3}
+"""Port offsets from `monitor.prometheus.port_base`; explorer i takes `3 + i`. (The evaluator's Metrics
+are of role `eval`.)"""
 
 COUNTERS = {
     "trainer": lambda k: k.startswith("count_"),
@@ -27,6 +28,7 @@ COUNTERS = {
                                 "generate_s", "publish_s", "reserve_s", "admission_wait_s", "slot_wait_s",
                                 "task_wait_s", "load_s", "eval_s"},
     "stream_ops": lambda k: k in {"scored", "filtered", "dead_lettered", "score_s"},
+    "eval": lambda k: k in {"evals", "load_s", "eval_s", "fetch_s"},  # the evaluator's; explorers' evals lack them
     "gateway": lambda k: k not in {"open_groups", "open_episodes", "version"},
 }
 """Which of a role's values only grow (counts since the role started, busy seconds)."""
