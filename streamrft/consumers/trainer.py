@@ -54,6 +54,8 @@ from streamrft.consumers.intake import Intake
 from streamrft.consumers.update import Objective, UpdateLoop
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore
+from streamrft.monitor.loggers import MetricLogger
+from streamrft.monitor.prometheus import role_metrics
 from streamrft.schemas import DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -126,9 +128,6 @@ class Trainer(Intake, UpdateLoop):
         # starts roles with no backends: it logs every role's metrics off the topic)
         self.progress = None  # replay: a bar of the records to read (monitor/bars.py)
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
-            from streamrft.monitor.loggers import MetricLogger
-            from streamrft.monitor.prometheus import role_metrics
-
             self.metric_logger = MetricLogger.for_run(cfg)
             self.prom = role_metrics(cfg.monitor.prometheus, "trainer")
             self.store = WeightStore(cfg.s3)

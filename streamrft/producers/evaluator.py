@@ -20,6 +20,7 @@ from pathlib import Path
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
+from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.tasks import load_task_file
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.schemas import Metric, encode, topic_name
@@ -52,8 +53,6 @@ class Evaluator:
                                       Path(cfg.output_dir) / "cache" / self.id)
         self.stats = {"evals": 0, "load_s": 0.0, "eval_s": 0.0}
         self.scores: dict[int, float] = {}
-        from streamrft.monitor.prometheus import role_metrics
-
         self.prom = role_metrics(cfg.monitor.prometheus, "evaluator")
 
     def evaluate(self) -> float:

@@ -26,6 +26,7 @@ from pathlib import Path
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
+from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.admission import explorer_share, groups_per_version, headroom
 from streamrft.producers.admission_log import AdmissionLog
 from streamrft.producers.membership import Membership
@@ -66,8 +67,6 @@ class Explorer:
         # its ledger's key: unique per process start (pids repeat across machines and containers)
         self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
-        from streamrft.monitor.prometheus import role_metrics
-
         self.prom = role_metrics(cfg.monitor.prometheus, "explorer", index)
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
                       **dict.fromkeys(STAGES, 0.0)}
