@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 EXTRA = {"wandb": "wandb", "mlflow": "mlflow"}
 """The pyproject extra that installs each optional backend."""
+HINTS = {"wandb": " (`wandb login`, or WANDB_MODE=offline to keep the run in <output_dir>/wandb)",
+         "mlflow": " (check monitor.mlflow_tracking_uri)"}
 
 
 def prefix(m: Metric) -> str:
@@ -134,7 +136,13 @@ class MetricLogger:
         self.backends: dict[str, object] = {}
         try:
             for name in dict.fromkeys(monitor.backends):  # a name listed twice logs once
-                self.backends[name] = makers[name]()
+                try:
+                    self.backends[name] = makers[name]()
+                except ConfigError:
+                    raise
+                except Exception as e:  # e.g. W&B online with no API key, an MLflow server that is down
+                    raise ConfigError(f"monitor.backends: {name} could not start a run: {type(e).__name__}: {e}"
+                                      + HINTS.get(name, "")) from e
         except BaseException:
             self.close()
             raise
