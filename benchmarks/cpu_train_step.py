@@ -21,6 +21,7 @@ import time
 import torch
 
 from streamrft.consumers.batch import Batch, token_logprobs
+from streamrft.monitor.bars import bar
 
 
 def smollm2_sized(dtype: torch.dtype):
@@ -120,9 +121,12 @@ def main() -> None:
           f"({args.prompt} prompt + {args.response} response) tokens; each line in its own process")
     ctx = mp.get_context("spawn")
     results = {}
-    for setting in SETTINGS:
-        with ctx.Pool(1) as pool:
-            results[setting] = pool.apply(measure, (setting, args))
+    with bar(len(SETTINGS), "settings", unit="setting") as progress:
+        for setting in SETTINGS:
+            progress.set_postfix_str(setting)
+            with ctx.Pool(1) as pool:
+                results[setting] = pool.apply(measure, (setting, args))
+            progress.update(1)
     base = results["fp32, full log-softmax"][0]
     print(f"{'setting':<34}{'value':>10}{'vs fp32 full':>14}{'peak RSS MiB':>14}")
     for setting, (v, rss) in results.items():

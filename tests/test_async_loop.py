@@ -25,7 +25,7 @@ import pytest
 from streamrft.config import load_config
 from streamrft.infra.kafka import committed_offsets
 from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
-from tests_helpers import demo_overrides, read_all as _read_all, stop_all, trainer_version
+from tests_helpers import demo_overrides, read_all as _read_all, read_tensorboard, stop_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
@@ -52,6 +52,17 @@ def test_short_run_versions_advance_and_every_trajectory_is_accounted_for(stack,
     assert (run_dir / "reward_curve.png").stat().st_size > 0
     cfg = load_config(run_dir / "config.yaml")
     ns = cfg.namespace
+
+    # one logger, the launcher's, logged the stages and every role off the metrics topic (the roles,
+    # started with monitor.backends=[], wrote no event file of their own)
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    logged = read_tensorboard(run_dir / "tensorboard")
+    assert [s for s, _ in logged["stage/0/loss"]] == list(range(1, 21))  # demo_overrides' 20-step SFT stage
+    assert [s for s, _ in logged["trainer/reward_mean"]] == list(range(1, steps + 1))
+    assert "explorer/0/trajectories" in logged and "stream_ops/scored" in logged
+    evals = logged["eval/eval_reward"]  # the launcher's start and end evals around the explorers' own
+    assert evals[0] == (0, pytest.approx(float(fields["eval_reward_start"]), abs=1e-3))
+    assert evals[-1] == (steps, pytest.approx(float(fields["eval_reward_end"]), abs=1e-3))
 
     # explorers hot-swapped to newer versions
     swaps = [int(m) for f in (run_dir / "logs").glob("explorer-*.log")

@@ -122,6 +122,28 @@ def test_one_explorer_service_per_configured_explorer(compose):
     assert load_config(ROOT / "deploy" / "run.yaml").explorer.num_explorers == len(explorers)
 
 
+def test_prometheus_scrapes_every_role_at_the_port_its_config_gives(compose):
+    """The compose network reaches each role container by its service name; the port is the one the
+    role serves /metrics on (monitor/prometheus.py), which its config gives."""
+    from streamrft.monitor.prometheus import SLOTS
+
+    prom = compose["services"]["prometheus"]
+    mount = next(v for v in prom["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro"))
+    scrape = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
+    targets = {t for job in scrape["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    want = set()
+    for name, command in _roles(compose).items():
+        args, cfg = _service_config(compose["services"][name])
+        assert cfg.monitor.prometheus.enabled and cfg.monitor.prometheus.host == "0.0.0.0", name
+        if command == "serve":
+            port = cfg.gateway.port  # the gateway's own app serves GET /metrics
+        else:
+            role = {"train": "trainer", "score": "stream_ops", "explore": "explorer", "evaluate": "evaluator"}[command]
+            port = cfg.monitor.prometheus.port_base + SLOTS[role] + (args.index if command == "explore" else 0)
+        want.add(f"{name}:{port}")
+    assert targets == want
+
+
 def test_topics_exist_before_any_role_starts(compose):
     """Auto-creation is off: a one-shot `streamrft topics` creates them once kafka is healthy, with
     the same config (namespace, team, partitions) the roles use, and every role waits for it."""

@@ -178,3 +178,12 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.05):
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def read_tensorboard(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series written under `logdir` (all its event files): tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

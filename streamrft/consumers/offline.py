@@ -23,6 +23,7 @@ from streamrft.consumers.batch import token_logprobs
 from streamrft.consumers.offline_data import SHAPES_FOR, OfflineExample, collate_sequences, load_offline_dataset
 from streamrft.engine.algorithms import (OFFLINE_LOSSES, PRESETS, dpo_metrics, kto_kl_ref, masked_mean,
                                          sequence_logps, sft_loss)
+from streamrft.schemas import Metric
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +134,31 @@ class OfflineTrainer:
         return losses.mean(), {"kl_ref": float(z0), "desirable_frac": float(labels.float().mean())}
 
     def run(self, publish: bool = False) -> dict:
-        """Train `trainer.max_steps` steps, save `<output_dir>/final`; returns the loss curve."""
+        """Train `trainer.max_steps` steps, save `<output_dir>/final`; returns the loss curve. Each
+        step's metrics go to `monitor.backends` as `trainer/<name>` (rank 0 only)."""
+        from streamrft.monitor.bars import bar
+        from streamrft.monitor.loggers import MetricLogger
+
         tc, data = self.cfg.trainer, self.data.examples
         order = batches(len(data), tc.micro_batch_size, self.cfg.data.seed, self.cfg.data.shuffle)
         losses: list[float] = []
         metrics: dict[str, float] = {}
+        logger = MetricLogger.for_run(self.cfg) if self.engine.is_main else None
         self.model.train()
-        for step in range(1, tc.max_steps + 1):
-            loss, metrics = self.loss([data[i] for i in next(order)])  # the batch mean
-            self.engine.backward(loss)
-            metrics.update(loss=loss.item(), grad_norm=self.engine.step())
-            losses.append(metrics["loss"])
-            log.info("%s step %d loss %.4f", self.type, step, metrics["loss"])
+        try:
+            with bar(tc.max_steps, f"{self.type} training", hide=not self.engine.is_main) as progress:
+                for step in range(1, tc.max_steps + 1):
+                    loss, metrics = self.loss([data[i] for i in next(order)])  # the batch mean
+                    self.engine.backward(loss)
+                    metrics.update(loss=loss.item(), grad_norm=self.engine.step())
+                    losses.append(metrics["loss"])
+                    if logger is not None:
+                        logger.log(Metric.of_finite("trainer", f"offline-{self.type}", step, metrics))
+                    log.info("%s step %d loss %.4f", self.type, step, metrics["loss"])
+                    progress.update(1)
+        finally:
+            if logger is not None:
+                logger.close()
         self.model.eval()
         final = Path(self.cfg.output_dir) / "final"
         state = self.engine.publishable_state_dict()
@@ -179,11 +193,11 @@ def run_offline(cfg: RunConfig, publish: bool = False) -> int:
 
 
 def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tuple[str, str]] | Callable[[Any], list],
-              seed: int = 0) -> str:
+              seed: int = 0, index: int = 0, logger=None) -> str:
     """Run one SFT warm-up stage from `model_path`; save the model and tokenizer as an HF directory
     at `out_dir` and return it. `pairs` are (prompt, completion) pairs, or a function of the
     tokenizer returning token sequences with their masks (`engine.sft.Sequence`, e.g. multi-turn
-    demonstrations)."""
+    demonstrations). Each step's loss goes to `logger` (a `MetricLogger`) as `stage/<index>/loss`."""
     from streamrft.engine.models import load_policy
     from streamrft.engine.sft import pair_sequence, sft_on_sequences
 
@@ -191,8 +205,10 @@ def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tup
     sequences = pairs(tokenizer) if callable(pairs) else [pair_sequence(tokenizer, p, c) for p, c in pairs]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        on_step = None if logger is None else \
+            (lambda step, loss: logger.log(Metric.of_finite("stage", str(index), step, {"loss": loss})))
         losses = sft_on_sequences(model, tokenizer, sequences, steps=stage.steps, batch_size=stage.batch_size,
-                                  lr=stage.lr, seed=seed)
+                                  lr=stage.lr, seed=seed, on_step=on_step, desc=f"stage {index} ({stage.type})")
     log.info("sft stage: %d steps, loss %.4f -> %.4f", stage.steps, losses[0], losses[-1])
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -54,6 +54,8 @@ from streamrft.consumers.intake import Intake
 from streamrft.consumers.update import Objective, UpdateLoop
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore
+from streamrft.monitor.loggers import MetricLogger
+from streamrft.monitor.prometheus import role_metrics
 from streamrft.schemas import DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,12 @@ class Trainer(Intake, UpdateLoop):
         self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
         self._delta = None  # engine.delta.DeltaPublisher with trainer.weight_sync.delta (full weights only)
         self._announced_at: dict[int, float] = {}  # version -> when announced, until its first trajectory comes back
+        self.metric_logger = self.prom = None  # monitor.backends and /metrics, rank 0 (`streamrft run`
+        # starts roles with no backends: it logs every role's metrics off the topic)
+        self.progress = None  # replay: a bar of the records to read (monitor/bars.py)
         if self.is_main:  # with DeepSpeed data parallelism, rank 0 alone talks to Kafka and S3
+            self.metric_logger = MetricLogger.for_run(cfg)
+            self.prom = role_metrics(cfg.monitor.prometheus, "trainer")
             self.store = WeightStore(cfg.s3)
             self.producer = make_producer(cfg.kafka)
             self.announcer = make_producer(cfg.kafka)  # announces, from the publisher thread: a producer of its own
@@ -278,6 +285,8 @@ class Trainer(Intake, UpdateLoop):
             return
         m = Metric.of_finite("trainer", self.id, self.state.step, values)  # a NaN grad norm must not crash the step
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
+        self.metric_logger.log(m)
+        self.prom.observe(m)
 
     def _next_samples(self) -> list[tuple] | None:
         samples = self.collect() if self.is_main else None
@@ -380,6 +389,9 @@ class Trainer(Intake, UpdateLoop):
             return self._run()
         finally:
             self.publisher.close()  # nothing writes the checkpoint directory once its lock is given up
+            for closing in (self.progress, self.metric_logger, self.prom):
+                if closing is not None:
+                    closing.close()
             if self._lock is not None:
                 checkpoint.unlock(self._lock)
                 self._lock = None
@@ -396,8 +408,17 @@ class Trainer(Intake, UpdateLoop):
             self._announced_at.pop(v, None)
         return latency
 
+    def _replay_read(self) -> int:
+        """Replay: records read so far of the log up to its fixed end (all partitions)."""
+        return sum(min(self.position.get(k, 0), end) for k, end in self.replay_end.items())
+
     def _run(self) -> dict:
         self._start()
+        if self.replay_end is not None:
+            from streamrft.monitor.bars import bar
+
+            start = self._replay_read()
+            self.progress = bar(sum(self.replay_end.values()) - start, f"replaying {self.topic}", unit="record")
         while self.state.step < self.tc.max_steps:
             t0 = time.monotonic()
             samples = self._next_samples()
@@ -420,6 +441,8 @@ class Trainer(Intake, UpdateLoop):
                            **({"loop_latency_s": latency} if latency is not None else {}),
                            **{f"count_{k}": v for k, v in self.counts.as_dict().items()})
             self.metric(metrics)
+            if self.progress is not None:
+                self.progress.update(self._replay_read() - start - self.progress.n)
             log.info("step %d v%d loss %.4f reward %.3f", self.state.step, self.state.version,
                      metrics.get("loss", 0.0), metrics["reward_mean"])
         self._await_publisher()  # raises a failed publish: the role restarts from its checkpoint

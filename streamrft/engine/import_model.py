@@ -62,10 +62,26 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     """Write the GGUF model as a plain HF directory at `dest` (which must not hold a model yet)."""
     from transformers import AutoModelForCausalLM
 
-    model, tokenizer = load_gguf(gguf)
+    from streamrft.monitor.bars import bar
+
+    with bar(3, f"converting {gguf.name}", unit="phase") as progress:
+        progress.set_postfix_str("reading the GGUF")
+        model, tokenizer = load_gguf(gguf)
+        progress.update(1)
+        progress.set_postfix_str("de-quantized weights into a plain model")
+        plain = _plain_model(AutoModelForCausalLM, model, tokenizer)
+        progress.update(1)
+        progress.set_postfix_str(f"writing {dest}")
+        plain.save_pretrained(str(dest))
+        tokenizer.save_pretrained(str(dest))
+        progress.update(1)
+
+
+def _plain_model(auto, model, tokenizer):
+    """The GGUF-loaded `model` as a plain float model with the right special tokens (fixed on `tokenizer` too)."""
     config = model.config.to_dict()
     config.pop("quantization_config", None)
-    plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config))
+    plain = auto.from_config(type(model.config).from_dict(config))
     plain.load_state_dict(model.state_dict(), strict=True)
     # transformers' GGUF tokenizer conversion (5.17) names the BOS token as EOS too and sets no pad token;
     # the model config, read from the same GGUF metadata, has the right ids (SmolLM2: eos = pad = <|im_end|>)
@@ -77,8 +93,7 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
         setattr(plain.generation_config, name, getattr(plain.config, name, None))
     tokenizer.clean_up_tokenization_spaces = False  # a BPE tokenizer: clean-up would strip spaces before punctuation
     tokenizer.init_kwargs.pop("local_files_only", None)  # a load option, not the tokenizer's
-    plain.save_pretrained(str(dest))
-    tokenizer.save_pretrained(str(dest))
+    return plain
 
 
 def import_model(source: str, dest: str | Path) -> Path:

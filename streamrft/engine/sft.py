@@ -6,6 +6,7 @@ model in place and returns the loss of every step.
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import torch
 
@@ -64,9 +65,14 @@ def sft_on_sequences(
     lr: float = 1e-3,
     seed: int = 0,
     weight_decay: float = 0.0,
+    on_step: Callable[[int, float], None] | None = None,
+    desc: str = "sft",
 ) -> list[float]:
     """`sft_warmup` on token sequences with their masks (e.g. multi-turn demonstrations, whose
-    environment turns are masked out); returns the loss of each step."""
+    environment turns are masked out); returns the loss of each step, and passes each (step from
+    1, loss) to `on_step` (the stage's metric logger). A progress bar named `desc` on a terminal."""
+    from streamrft.monitor.bars import bar
+
     if not sequences:
         raise ValueError("no SFT sequences")
     rng = random.Random(seed)
@@ -75,12 +81,17 @@ def sft_on_sequences(
     was_training = model.training
     model.train()
     losses = []
-    for _ in range(steps):
-        ids, mask, lab = (t.to(device) for t in _batch(tokenizer, rng.choices(sequences, k=batch_size)))
-        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    with bar(steps, desc) as progress:
+        for step in range(1, steps + 1):
+            ids, mask, lab = (t.to(device) for t in _batch(tokenizer, rng.choices(sequences, k=batch_size)))
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if on_step is not None:
+                on_step(step, losses[-1])
+            progress.update(1)
+            progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     model.train(was_training)
     return losses

@@ -133,22 +133,30 @@ def export_version(store: WeightStore, model: str, version: int, base_dir: str |
     (versions published before bases were uploaded). A LoRA version is merged into the base
     weights, or with `merge_lora=False` written as a peft adapter directory (no base needed)."""
     from streamrft.engine.lora import write_peft_dir
+    from streamrft.monitor.bars import bar
 
     out_dir = Path(out_dir)
     work = out_dir / ".fetch"
+    progress = bar(3, f"exporting {model} v{version}", unit="phase")  # fetch + verify, base files, write
     try:
+        progress.set_postfix_str("fetching and verifying the weights")
         state, meta = fetch_state_dict(store, model, version, work)
+        progress.update(1)
         lora = LoraSpec.from_manifest(meta)
         if lora is not None and not merge_lora:
             return write_peft_dir(state, lora, out_dir)
         if "base" in meta:
+            progress.set_postfix_str("fetching the base model's files")
             base_dir = work / "base"
             store.fetch_base(meta["base"], meta["base_sha256"], base_dir)
         elif base_dir is None:
             raise FileNotFoundError(f"the manifest of {model} v{version} names no base model: it was published "
                                     "before bases were uploaded, give the local base directory")
+        progress.update(1)
+        progress.set_postfix_str(f"writing {out_dir}")
         return write_model_dir(state, lora, base_dir, out_dir)
     finally:
+        progress.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -103,24 +103,36 @@ def _stage_demonstrations(stage: StageConfig, cfg: RunConfig):
     return sequences
 
 
-def run_stages(cfg: RunConfig, out: Path) -> None:
+def run_stages(cfg: RunConfig, out: Path, logger=None) -> None:
+    """The stages not built yet, each step's loss logged as `stage/<i>/loss` to `logger` (a
+    `MetricLogger`), or, when None and a stage has to run, to one of this run's own."""
     from streamrft.consumers.offline import sft_stage
 
-    for i, stage in enumerate(cfg.stages):
-        dest = out / f"stage-{i}-{stage.type}"
-        if not (dest / "config.json").exists():
-            print(f"stage {i} ({stage.type}): {stage.steps} steps ...", flush=True)
-            examples = _stage_demonstrations(stage, cfg) if "demos" in stage.data else _stage_pairs(stage, cfg)
-            sft_stage(cfg.model.path, str(dest), stage, examples, seed=cfg.trainer.seed)
-        cfg.model.path = str(dest)
+    own = None
+    try:
+        for i, stage in enumerate(cfg.stages):
+            dest = out / f"stage-{i}-{stage.type}"
+            if not (dest / "config.json").exists():
+                if logger is None:
+                    from streamrft.monitor.loggers import MetricLogger
+
+                    logger = own = MetricLogger.for_run(cfg)
+                print(f"stage {i} ({stage.type}): {stage.steps} steps ...", flush=True)
+                examples = _stage_demonstrations(stage, cfg) if "demos" in stage.data else _stage_pairs(stage, cfg)
+                sft_stage(cfg.model.path, str(dest), stage, examples, seed=cfg.trainer.seed, index=i, logger=logger)
+            cfg.model.path = str(dest)
+    finally:
+        if own is not None:
+            own.close()
 
 
-def prepare(cfg: RunConfig) -> RunConfig:
+def prepare(cfg: RunConfig, logger=None) -> RunConfig:
+    """Data, model and stages for `cfg` (idempotent); the stages log to `logger` (see `run_stages`)."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     prepare_data(cfg, out)
     prepare_model(cfg)
-    run_stages(cfg, out)
+    run_stages(cfg, out, logger)
     # absolute paths: the roles may run with another working directory (faust does)
     cfg.model.path = str(Path(cfg.model.path).resolve())
     cfg.data.train = cfg.data.train and str(Path(cfg.data.train).resolve())

@@ -1,4 +1,5 @@
-"""The live view of a run: reads the metrics topic, keeps the latest figures, logs TensorBoard."""
+"""The live view of a run: reads the metrics topic, keeps the latest figures, hands every Metric to the
+run's `MetricLogger` (monitor/loggers.py: TensorBoard, W&B, MLflow)."""
 from __future__ import annotations
 
 import logging
@@ -81,16 +82,14 @@ class RunView:
 
 
 class MetricsFollower:
-    def __init__(self, kafka: KafkaConfig, namespace: str, logdir: str | None = None):
+    def __init__(self, kafka: KafkaConfig, namespace: str, logger=None):
+        """`logger`: a `monitor.loggers.MetricLogger` that every Metric read is logged to (the
+        caller closes it)."""
         self.kafka, self.namespace = kafka, namespace
         self.consumer = make_consumer(kafka, None)
         self.consumer.assign([TopicPartition(topic_name(namespace, "metrics"), 0, 0)])
         self.view = RunView()
-        self.writer = None
-        if logdir:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(logdir)
+        self.logger = logger
 
     def poll(self, timeout: float = 0.2) -> RunView:
         for msg in self.consumer.consume(1000, timeout=timeout):
@@ -113,9 +112,8 @@ class MetricsFollower:
                     self.view.gateway[m.role_id] = m.values
             else:
                 self.view.stream_ops[m.role_id] = m.values
-            if self.writer is not None:
-                for k, v in m.values.items():
-                    self.writer.add_scalar(f"{m.role}/{k}", v, m.step)
+            if self.logger is not None:
+                self.logger.log(m)
         return self.view
 
     def start_lag_thread(self, every_s: float = 15.0) -> None:
@@ -151,5 +149,3 @@ class MetricsFollower:
         if hasattr(self, "_stop"):
             self._stop.set()
         self.consumer.close()
-        if self.writer is not None:
-            self.writer.close()

@@ -5,9 +5,10 @@ creates the run's topics, launches the trainer, one stream-ops worker, `explorer
 explorers and, with `gateway.enabled`, the gateway as processes (`streamrft
 train|score|explore|serve` on the resolved config), restarts a role that fails (as compose's
 `restart: on-failure` does), shows a live progress line, and stops everything at the end or on
-Ctrl-C. It prints one `final:` line and writes `reward_curve.png`, TensorBoard logs and the
-resolved config. With `monitor.dashboard.enabled` it serves the run's live page
-(`streamrft.monitor.dashboard`) and prints its URL.
+Ctrl-C. It prints one `final:` line and writes `reward_curve.png`, the resolved config and, through
+one `MetricLogger`, every role's metrics from the metrics topic to `monitor.backends` (the roles
+themselves are started with `monitor.backends=[]`, so nothing is logged twice). With
+`monitor.dashboard.enabled` it serves the run's live page (`streamrft.monitor.dashboard`) and prints its URL.
 """
 from __future__ import annotations
 
@@ -118,9 +119,9 @@ def _start_dashboard(cfg: RunConfig):
     return dash
 
 
-def _publish_eval(cfg: RunConfig, version: int, reward: float) -> None:
+def _publish_eval(cfg: RunConfig, version: int, reward: float):
     """The launcher's own evals (start and end) on the metrics topic, beside the explorers' ones:
-    the dashboard and any later reader see the whole curve."""
+    the dashboard and any later reader see the whole curve. Returns the Metric."""
     from streamrft.infra.kafka import flush_or_raise, make_producer
     from streamrft.schemas import Metric, encode, topic_name
 
@@ -128,6 +129,7 @@ def _publish_eval(cfg: RunConfig, version: int, reward: float) -> None:
     m = Metric.of_finite("eval", "launcher", version, {"eval_reward": reward, "version": version})
     producer.produce(topic_name(cfg.namespace, "metrics"), key=b"launcher", value=encode(m))
     flush_or_raise(producer)
+    return m
 
 
 def _interrupt(signum, frame) -> None:
@@ -166,6 +168,16 @@ def run(config_path: str, overrides: list[str]) -> int:
 
 
 def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
+    from streamrft.monitor.loggers import MetricLogger
+
+    metric_logger = MetricLogger.for_run(cfg)  # the stages' losses, every role's metrics, the evals
+    try:
+        return _run_logged(cfg, out, t_start, metric_logger)
+    finally:
+        metric_logger.close()
+
+
+def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int:
     from streamrft.infra.kafka import ensure_topics, run_topics
     from streamrft.launch.prepare import prepare
     from streamrft.launch.progress import MetricsFollower
@@ -174,12 +186,12 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     procs: dict[str, subprocess.Popen] = {}
     follower = dashboard = None
     try:
-        cfg = prepare(cfg)
+        cfg = prepare(cfg, metric_logger)
         resolved = out / "config.yaml"
         resolved.write_text(dump_config(cfg))
         ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
         eval_start = final_eval(cfg, None)
-        _publish_eval(cfg, 0, eval_start)
+        _publish_eval(cfg, 0, eval_start)  # logged, as every Metric, when the follower reads it
         if cfg.monitor.dashboard.enabled:  # after the start eval: the dashboard's tokenizer thread importing
             # transformers while this thread does raced transformers' lazy imports ("cannot import name")
             dashboard = _start_dashboard(cfg)
@@ -189,17 +201,18 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
                   f"{', '.join(t.name for t in cfg.gateway.teams)} (docs/gateway.md)", flush=True)
 
         logs = out / "logs"
-        commands = {"trainer": ["train", str(resolved)], "stream-ops": ["score", str(resolved)],
-                    **{f"explorer-{i}": ["explore", str(resolved), "--index", str(i)]
+        role_cfg = [str(resolved), "monitor.backends=[]"]  # this process logs their metrics, off the topic
+        commands = {"trainer": ["train", *role_cfg], "stream-ops": ["score", *role_cfg],
+                    **{f"explorer-{i}": ["explore", *role_cfg, "--index", str(i)]
                        for i in range(cfg.explorer.num_explorers)},
-                    **({"gateway": ["serve", str(resolved)]} if cfg.gateway.enabled else {}),
-                    **({"evaluator": ["evaluate", str(resolved)]} if runs_evaluator(cfg) else {})}
+                    **({"gateway": ["serve", *role_cfg]} if cfg.gateway.enabled else {}),
+                    **({"evaluator": ["evaluate", *role_cfg]} if runs_evaluator(cfg) else {})}
         for name, args in commands.items():
             procs[name] = _spawn(args, logs / f"{name}.log")
         restarts = dict.fromkeys(commands, 0)
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
         _write_roles(out / "roles.json", procs)
-        follower = MetricsFollower(cfg.kafka, cfg.namespace, str(out / "tensorboard"))
+        follower = MetricsFollower(cfg.kafka, cfg.namespace, metric_logger)
         follower.start_lag_thread()
         last_line, lines = 0.0, 0
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
@@ -246,11 +259,12 @@ def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
     version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
     eval_end = final_eval(cfg, version)
     view.evals.append((time.time() - view.t0, version, eval_end))
-    _publish_eval(cfg, version, eval_end)
+    metric_logger.log(_publish_eval(cfg, version, eval_end))  # the follower has stopped reading
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
     trajectories = view.trajectories
     print(view.profile(), flush=True)
-    print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; tensorboard: {out / 'tensorboard'}", flush=True)
+    print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; metrics: "
+          f"{', '.join(cfg.monitor.backends) or 'no backend'} under {out}", flush=True)
     if cfg.monitor.dashboard.enabled:
         print(f"dashboard of this run, now finished: streamrft dashboard {out / 'config.yaml'}", flush=True)
     from streamrft.launch.progress import stale_pct

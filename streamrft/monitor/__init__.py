@@ -1,1 +1,2 @@
-"""Seeing a run: metric loggers, the live dashboard (`dashboard/`), Prometheus endpoints."""
+"""Seeing a run: metric loggers (TensorBoard, W&B, MLflow), Prometheus endpoints, progress bars, the live
+dashboard (`dashboard/`)."""

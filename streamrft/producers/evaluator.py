@@ -20,6 +20,7 @@ from pathlib import Path
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
+from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.tasks import load_task_file
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.schemas import Metric, encode, topic_name
@@ -52,6 +53,7 @@ class Evaluator:
                                       Path(cfg.output_dir) / "cache" / self.id)
         self.stats = {"evals": 0, "load_s": 0.0, "eval_s": 0.0}
         self.scores: dict[int, float] = {}
+        self.prom = role_metrics(cfg.monitor.prometheus, "evaluator")
 
     def evaluate(self) -> float:
         from streamrft.producers.evaluate import evaluate_run
@@ -63,6 +65,7 @@ class Evaluator:
         self.scores[v] = score
         m = Metric.of_finite("eval", self.id, v, {"eval_reward": score, "version": v, **self.stats,
                                                   "fetch_s": self.watcher.fetch_s})
+        self.prom.observe(m)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
         flush_or_raise(self.producer)
         log.info("eval v%d: %.3f", v, score)
@@ -87,6 +90,7 @@ class Evaluator:
         finally:
             self.watcher.stop()
             flush_or_raise(self.producer)
+            self.prom.close()
         return {**self.stats, "scores": self.scores}
 
 

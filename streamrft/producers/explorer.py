@@ -26,6 +26,7 @@ from pathlib import Path
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
+from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.admission import explorer_share, groups_per_version, headroom
 from streamrft.producers.admission_log import AdmissionLog
 from streamrft.producers.membership import Membership
@@ -66,11 +67,13 @@ class Explorer:
         # its ledger's key: unique per process start (pids repeat across machines and containers)
         self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
+        self.prom = role_metrics(cfg.monitor.prometheus, "explorer", index)
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
                       **dict.fromkeys(STAGES, 0.0)}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
         m = Metric.of_finite(role, self.id, self.engine.version, values)
+        self.prom.observe(m)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
     def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
@@ -173,6 +176,7 @@ class Explorer:
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                           "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"]})
             flush_or_raise(self.producer)
+            self.prom.close()
         return self.stats
 
 

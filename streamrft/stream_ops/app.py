@@ -221,8 +221,9 @@ class StreamOpsApp(faust.App):
         return consumer
 
 
-def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
-    """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer."""
+def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] | None = None) -> faust.App:
+    """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer
+    (each Metric also handed to `observe`: the worker's Prometheus endpoint)."""
     ns = cfg.namespace
     scorer = build_scorer(cfg)
     datadir = Path(cfg.output_dir) / "stream-ops"  # faust insists on one, even with no tables
@@ -314,6 +315,8 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
         values["score_s"] = busy["score_s"]
         last.update(t=now, groups=counters.groups, trajectories=counters.trajectories, step=last["step"] + 1)
         metric = Metric(role=ROLE, role_id=worker_id, step=last["step"], values=values)
+        if observe is not None:
+            observe(metric)
         await metrics.send(key=worker_id.encode(), value=encode(metric))
 
     @app.timer(interval=RESCAN_S)
@@ -379,11 +382,13 @@ def run_worker(cfg: RunConfig, worker_id: str, stop_after: float | None = None, 
     A stop that outlasts `STOP_GRACE_S` ends the whole process with `os._exit`.
     """
     from streamrft.infra.kafka import ensure_topics, run_topics
+    from streamrft.monitor.prometheus import role_metrics
 
     ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, teams=cfg.teams))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app = make_app(cfg, worker_id)
+    prom = role_metrics(cfg.monitor.prometheus, "stream_ops")
+    app = make_app(cfg, worker_id, prom.observe)
     worker = BoundedStopWorker(app, loop=loop, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     if stop_after is not None:
         loop.call_later(stop_after, lambda: asyncio.ensure_future(worker.stop(), loop=loop))
@@ -393,4 +398,5 @@ def run_worker(cfg: RunConfig, worker_id: str, stop_after: float | None = None, 
         return int(e.code or 0)
     finally:
         worker.disarm()
+        prom.close()
     return 0

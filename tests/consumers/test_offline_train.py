@@ -11,6 +11,7 @@ import torch
 from streamrft.config import RunConfig, StageConfig
 from streamrft.consumers.offline import OfflineTrainer, ensure_model, sft_stage
 from streamrft.engine.models import load_policy
+from tests_helpers import read_tensorboard
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 
@@ -39,6 +40,9 @@ def test_sft_lowers_its_loss_and_saves_hf(model_dir, tmp_path):
     result = OfflineTrainer(make_cfg(model_dir, "sft", "sft.jsonl", tmp_path)).run()
     first, last = first_vs_last(result["losses"])
     assert len(result["losses"]) == 24 and last < first - 0.3
+    # monitor.backends' default, TensorBoard, holds every step's loss under the trainer's name
+    logged = read_tensorboard(tmp_path / "tensorboard")["trainer/loss"]
+    assert logged == [(i + 1, pytest.approx(loss, rel=1e-6)) for i, loss in enumerate(result["losses"])]
     model, tok = load_policy(result["final_dir"])
     assert tok.eos_token_id == 2 and model.config.hidden_size == 32
 
@@ -83,8 +87,15 @@ def test_publish_writes_version_steps_to_the_store(model_dir, tmp_path, stack):
 
 
 def test_sft_stage_output_loads_as_a_policy(model_dir, tmp_path):
+    from streamrft.config import MonitorConfig
+    from streamrft.monitor.loggers import MetricLogger
+
     pairs = [("rev abc=", "cba"), ("rev hgf=", "fgh")]
-    out = sft_stage(model_dir, str(tmp_path / "stage"), StageConfig(steps=3, batch_size=2, lr=1e-3), pairs)
+    logger = MetricLogger(MonitorConfig(backends=["tensorboard"]), tmp_path, "stages")
+    out = sft_stage(model_dir, str(tmp_path / "stage"), StageConfig(steps=3, batch_size=2, lr=1e-3), pairs,
+                    index=1, logger=logger)
+    logger.close()
+    assert [step for step, _ in read_tensorboard(tmp_path / "tensorboard")["stage/1/loss"]] == [1, 2, 3]
     model, tok = load_policy(out)
     before, _ = load_policy(model_dir)
     assert tok.decode(tok("rev abc=").input_ids[1:]) == "rev abc="

@@ -12,7 +12,7 @@ import msgpack
 
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
 from streamrft.schemas import ExperienceGroup, Task, Trajectory, encode, topic_name
-from tests_helpers import demo_overrides
+from tests_helpers import demo_overrides, read_tensorboard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +45,9 @@ def test_replay_trains_the_whole_log_once_and_stops_at_its_end(stack, namespace,
     state = json.loads((ckpt / (ckpt / "LATEST").read_text().strip() / "state.json").read_text())
     assert state["counts"]["trained"] == 40 and state["counts"]["duplicate"] == 8 and state["counts"]["stale"] == 0
     assert state["step"] == 3 and state["version"] == 3  # 4 + 4 + the last 2 groups, then the end
+    logged = read_tensorboard(tmp_path / "tensorboard")  # the replaying trainer's own monitor.backends
+    assert [step for step, _ in logged["trainer/reward_mean"]] == [1, 2, 3]
+    assert logged["trainer/count_trained"][-1] == (3, 40.0)
     audit = [i for f in (ckpt / "audit").glob("v*.json") for i in json.loads(f.read_text())]
     assert sorted(audit) == sorted(t.traj_id for g in groups for t in g.trajectories)
 

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.request import urlopen
 
 import msgpack
 import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from streamrft.infra.kafka import (committed_offsets, ensure_topics, flush_or_raise, make_consumer, make_producer,
                                    partition_ends, run_topics)
@@ -119,6 +122,7 @@ def test_stream_ops_end_to_end_and_resume(stack, namespace, tmp_path):
         "namespace": namespace, "output_dir": str(tmp_path / "out"), "model": {"path": "unused"},
         "stack": {"embedded": False}, "kafka": kafka.model_dump(),
         "stream_ops": {"rewards": [{"name": "exact_match"}], "drop_zero_variance": True, "priority": "reward_std"},
+        "monitor": {"prometheus": {"enabled": True, "port_base": 0}},  # /metrics on a free port, in its log
     }))
     producer = make_producer(kafka)
     where: dict[str, tuple[str, int, int]] = {}  # record label -> (topic, partition, offset)
@@ -158,6 +162,13 @@ def test_stream_ops_end_to_end_and_resume(stack, namespace, tmp_path):
             out.wait_for(lambda: out.group_ids() >= set(good) and len(out.dead) >= 3, 60, "phase-1 outputs", worker, log)
             out.wait_for(lambda: any(m.values == {**m.values, "scored": 6, "filtered": 1, "dead_lettered": 3}
                                      for m in out.metrics), 15, "metrics counting every record", worker, log)
+            # the same counts on the worker's Prometheus endpoint, scraped while it runs
+            url = re.search(r"prometheus: stream_ops metrics on (http://\S+)", log.read_text()).group(1)
+            families = {f.name: f for f in text_string_to_metric_families(urlopen(url, timeout=10).read().decode())}
+            for name, count in (("scored", 6), ("filtered", 1), ("dead_lettered", 3)):
+                f = families[f"streamrft_stream_ops_{name}"]
+                assert f.type == "counter" and [(s.labels, s.value) for s in f.samples] == [({"role_id": "w1"}, count)]
+            assert families["streamrft_stream_ops_score_s"].samples[0].value > 0
         finally:
             stop_worker(worker, log)
 

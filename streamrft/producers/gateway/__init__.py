@@ -34,6 +34,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
     from streamrft.engine.rollout import engine_from_config
     from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
     from streamrft.infra.objectstore import WeightStore
+    from streamrft.monitor.prometheus import RoleMetrics
     from streamrft.producers.admission import groups_per_version, headroom
     from streamrft.producers.admission_log import AdmissionLog
     from streamrft.producers.gateway.groups import GroupStore
@@ -82,8 +83,10 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
             flush_or_raise(producer)
 
     metrics_lock = threading.Lock()
+    prom = RoleMetrics()  # GET /metrics on the gateway's own app, with monitor.prometheus.enabled
 
     def metric(m) -> None:
+        prom.observe(m)
         with metrics_lock:
             metrics_producer.produce(topic_name(cfg.namespace, "metrics"), key=gateway_id.encode(), value=encode(m))
 
@@ -152,6 +155,9 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
         log.info("gateway stopped: %s", {t: dict(c) for t, c in groups.counters.items()})
 
     app = create_app(gw, on_start, on_stop)
+    if cfg.monitor.prometheus.enabled:
+        prom.route(app)
+        log.info("prometheus: gateway metrics on http://%s:%d/metrics", gcfg.host, gcfg.port)
     return app, gw
 
 

@@ -13,5 +13,5 @@ def served(stack, tmp_path_factory) -> Iterator[Served]:
     import uuid
 
     out = tmp_path_factory.mktemp("gateway")
-    with serving(gateway_config(stack, out, f"gw-{uuid.uuid4().hex[:8]}")) as s:
+    with serving(gateway_config(stack, out, f"gw-{uuid.uuid4().hex[:8]}", ["monitor.prometheus.enabled=true"])) as s:
         yield s

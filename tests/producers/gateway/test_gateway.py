@@ -173,6 +173,14 @@ def test_per_team_counters_reach_the_metrics_topic_and_status(served):
         assert teams[team]["episodes_finished"] <= local[team]["episodes_finished"]
     st = status.Status(kafka_ok=True, s3_ok=True, gateway=counters)
     assert "gateway teams:" in status.render(st) and "agents" in status.render(st)
+    # the same counters on the gateway's own GET /metrics (monitor.prometheus.enabled in conftest)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(served.url + "/metrics", timeout=10).text
+    finished = {s.labels["team"]: s.value for f in text_string_to_metric_families(text)
+                if f.name == "streamrft_gateway_episodes_finished" for s in f.samples}
+    for team in ("agents", "lab"):
+        assert teams[team]["episodes_finished"] <= finished[team] <= local[team]["episodes_finished"]
 
 
 def test_concurrent_requests_share_engine_calls(served):
