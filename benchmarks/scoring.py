@@ -10,8 +10,9 @@ default a tiny random char-level Qwen2 built here whose digits are read as the s
 --judge-model; `judge` with `backend: http`, max_concurrency 16 per worker), it measures records
 (groups) per second: (1) calling the scorer directly in this process, every group at once as a
 worker does (`Scorer.ascore`, up to 1000 in flight); (2) one stream-ops worker subprocess and
-(3) two, over the same groups in a topic of 4 partitions, from the first to the last experience's
-create timestamp (start-up and group joins left out). Prints each rate and its ratio to (1).
+(3) two, over the same groups in a topic of 4 partitions, produced once every worker has scored
+warm-up groups (start-up, model loads and group joins left out), from the first to the last
+experience's create timestamp. Prints each rate and its ratio to (1).
 On 2 shared cores the numbers move with whatever else runs; a CPU-bound local judge cannot gain
 from a second worker there, an I/O-bound HTTP judge can.
 """
@@ -33,22 +34,22 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from streamrft.config import KafkaConfig, RunConfig
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.stack import EmbeddedStack, free_ports
-from streamrft.schemas import RolloutGroup, Task, Trajectory, encode, topic_name
+from streamrft.schemas import ExperienceGroup, Metric, RolloutGroup, Task, Trajectory, decode, encode, topic_name
 from streamrft.stream_ops.scoring import build_scorer
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
 
 
-def make_groups(n: int, size: int) -> list[RolloutGroup]:
+def make_groups(n: int, size: int, prefix: str = "g") -> list[RolloutGroup]:
     out = []
     for g in range(n):
         task = Task(task_id=f"t{g}", prompt=f"reverse {g}", answer=str(g)[::-1])
-        trajs = [Trajectory(group_id=f"g{g}", task_id=task.task_id, model_version=0, prompt_ids=list(range(1, 33)),
+        trajs = [Trajectory(group_id=f"{prefix}{g}", task_id=task.task_id, model_version=0, prompt_ids=list(range(1, 33)),
                             response_ids=list(range(1, 17)), logprobs=[-0.5] * 16,
                             response_text=str(g)[::-1] if i % 2 else str(g))
                  for i in range(size)]
-        out.append(RolloutGroup(group_id=f"g{g}", task=task, trajectories=trajs))
+        out.append(RolloutGroup(group_id=f"{prefix}{g}", task=task, trajectories=trajs))
     return out
 
 
@@ -117,13 +118,19 @@ def direct_rate(cfg: RunConfig, groups: list[RolloutGroup]) -> float:
         scorer.close()
 
 
-def worker_rate(kafka: KafkaConfig, ns: str, base: dict, groups: list[RolloutGroup], workers: int,
-                workdir: Path) -> float:
-    ensure_topics(kafka, run_topics(kafka, ns))
+def produce(kafka: KafkaConfig, topic: str, groups: list[RolloutGroup]) -> None:
     producer = make_producer(kafka)
     for g in groups:
-        producer.produce(topic_name(ns, "rollouts", "default"), encode(g), g.group_id.encode())
+        producer.produce(topic, encode(g), g.group_id.encode())
     flush_or_raise(producer, 120)
+
+
+def worker_rate(kafka: KafkaConfig, ns: str, base: dict, groups: list[RolloutGroup], workers: int,
+                workdir: Path) -> float:
+    """Start `workers` workers, let each score warm-up groups (so the consumer group has settled and
+    every model is loaded), then put out `groups` and time them."""
+    ensure_topics(kafka, run_topics(kafka, ns))
+    topic = topic_name(ns, "rollouts", "default")
     config = workdir / f"{ns}.yaml"
     config.write_text(yaml.safe_dump({**base, "namespace": ns, "output_dir": str(workdir / ns),
                                       "kafka": kafka.model_dump()}))
@@ -133,14 +140,34 @@ def worker_rate(kafka: KafkaConfig, ns: str, base: dict, groups: list[RolloutGro
         procs.append(subprocess.Popen([sys.executable, "-m", "streamrft.stream_ops.cli_entry", str(config),
                                        "--worker-id", f"w{w}"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
     consumer = make_consumer(kafka, None)
-    consumer.assign([TopicPartition(topic_name(ns, "experiences"), p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    consumer.assign([TopicPartition(topic_name(ns, "experiences"), p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
+                    + [TopicPartition(topic_name(ns, "metrics"), 0, OFFSET_BEGINNING)])
     stamps: list[int] = []
+    busy: set[str] = set()  # workers that reported scoring something
     deadline = time.monotonic() + 900
+
+    def read() -> None:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise SystemExit(f"{ns}: {len(stamps)}/{len(groups)} experiences; logs in {workdir}")
+        for m in consumer.consume(num_messages=5000, timeout=0.5):
+            if m.error() is not None:
+                continue
+            msg = decode(m.value())
+            if isinstance(msg, Metric) and msg.values.get("scored", 0) > 0:
+                busy.add(msg.role_id)
+            elif isinstance(msg, ExperienceGroup) and not msg.group_id.startswith("warm"):
+                stamps.append(m.timestamp()[1])
+
     try:
+        warmups = 0
+        while len(busy) < workers:  # warm-up groups until every worker has scored some (a late joiner gets its share)
+            produce(kafka, topic, make_groups(4 * PARTITIONS, 2, prefix=f"warm{warmups}-"))
+            warmups += 1
+            for _ in range(4):
+                read()
+        produce(kafka, topic, groups)
         while len(stamps) < len(groups):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise SystemExit(f"{ns}: {len(stamps)}/{len(groups)} experiences; logs in {workdir}")
-            stamps += [m.timestamp()[1] for m in consumer.consume(num_messages=5000, timeout=0.5) if m.error() is None]
+            read()
     finally:
         consumer.close()
         for p in procs:
@@ -163,6 +190,7 @@ def main() -> int:
     ap.add_argument("--judge-model", default=None, help="a local causal LM directory (default: a tiny random one)")
     ap.add_argument("--modes", default="rule,judge_local,judge_http")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its stack
 
     url, server = start_judge_server(args.http_latency_ms / 1000)
     rows = []
