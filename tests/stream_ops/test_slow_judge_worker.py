@@ -21,7 +21,7 @@ from streamrft.schemas import RolloutGroup, Task, Trajectory, decode, encode, to
 
 REPO = Path(__file__).resolve().parents[2]
 TEAM = "judged"
-TIMEOUT_S = 20.0
+TIMEOUT_S = 30.0  # wide: the quick groups and the commit before the slow one must come out within it
 BEFORE, AFTER = 5, 20
 
 
