@@ -206,6 +206,10 @@ OUT_OF_RANGE = [
     ("explorer.sampling.top_k=-1", "explorer.sampling.top_k: must be >= 0 (got -1)"),
     ("explorer.sampling.max_new_tokens=0", "explorer.sampling.max_new_tokens: must be >= 1 (got 0)"),
     ("stream_ops.workers=0", "stream_ops.workers: must be >= 1 (got 0)"),
+    ("stream_ops.threads=0", "stream_ops.threads: must be >= 1 and <= 1024 (got 0)"),
+    ("stream_ops.rewards=[{name: judge, timeout_s: 0}]", "stream_ops.rewards.0.timeout_s: must be > 0 and <= 3600 (got 0)"),
+    ("stream_ops.rewards=[{name: judge, retries: 11}]", "stream_ops.rewards.0.retries: must be >= 0 and <= 10 (got 11)"),
+    ("stream_ops.rewards=[{name: judge, backoff_s: -1}]", "stream_ops.rewards.0.backoff_s: must be >= 0 and <= 60 (got -1)"),
     ("algorithm.kl.coef=-0.1", "algorithm.kl.coef: must be >= 0 (got -0.1)"),
     ("trainer.deepspeed.num_gpus=0", "trainer.deepspeed.num_gpus: must be >= 1 (got 0)"),
     ("trainer.replay={namespace: old, from_offset: -1}", "trainer.replay.from_offset: must be >= 0 (got -1)"),
@@ -239,7 +243,7 @@ OUT_OF_RANGE = [
     ("algorithm.entropy_coef=-.inf", "algorithm.entropy_coef: must be a finite number (got -inf)"),
 ]
 # numbers not in the table: any finite value is meaningful, or the range has a validator of its own
-UNBOUNDED = {"stream_ops.rewards.0.weight", "algorithm.entropy_coef",
+UNBOUNDED = {"stream_ops.rewards.0.weight", "stream_ops.rewards.0.fallback", "algorithm.entropy_coef",
              "kafka.retention_ms"}  # -1 or > 0: a validator of its own, tested below
 
 

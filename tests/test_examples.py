@@ -146,3 +146,11 @@ def test_a_demo_stage_needs_an_environment_with_scripted_players(tmp_path):
                                                              "explorer.env={import_path: 'tests_helpers:Countdown'}"])
     with pytest.raises(ValueError, match=r"data.demos needs explorer.env.type in \['calculator', 'guess_number'\]"):
         prepare(cfg)
+
+
+def test_judge_example_scores_with_a_local_judge_that_falls_back():
+    cfg = load_config(ROOT / "examples" / "judge_cpu.yaml")
+    (term,) = cfg.stream_ops.rewards
+    assert term.name == "judge" and term.params["backend"] == "local" and term.fallback == 0.0
+    assert "{response}" in term.params["template"] and "{answer}" in term.params["template"]
+    assert cfg.model.build is not None and cfg.data.synthetic["task"] == "reverse"

@@ -16,6 +16,16 @@ class RewardTerm(Section):
     weight: float = Field(1.0, **_FINITE)
     """Any finite number: a negative weight makes the term a penalty."""
     params: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(30.0, gt=0, le=3600, **_FINITE)
+    """Slow terms only (async or blocking rewards: judge, reward_model, code_tests): seconds one
+    attempt on one trajectory may take before it counts as failed."""
+    retries: int = Field(2, ge=0, le=10)
+    """Slow terms only: attempts after the first when one fails or times out."""
+    backoff_s: float = Field(0.5, ge=0, le=60, **_FINITE)
+    """Slow terms only: wait before the first retry, doubled before each next one."""
+    fallback: float | None = Field(None, **_FINITE)
+    """Slow terms only: the value a trajectory scores when every attempt failed; unset (the
+    default): the group is dead-lettered with the reason."""
 
     @field_validator("name")
     @classmethod
@@ -38,3 +48,6 @@ class StreamOpsConfig(Section):
     """Filter groups whose rewards are all equal (no learning signal under group baselines)."""
     priority: Literal["fifo", "reward_std", "abs_advantage"] = "reward_std"
     workers: int = Field(1, ge=1)
+    threads: int = Field(32, ge=1, le=1024)
+    """Threads per worker for blocking rewards (local models, sandboxes): how many calls run at
+    once; a local model batches the calls waiting together."""

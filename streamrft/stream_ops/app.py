@@ -10,9 +10,12 @@ raises. Were it to raise, faust would restart it and drop the acks of the record
 their partitions would never commit again; a failure that is not the record's (a send the
 producer gave up on) instead crashes the whole worker, which exits non-zero.
 
+Each record is scored and sent by its own task, so records score concurrently (up to
+`MAX_IN_FLIGHT`) and a slow model judge holds up no other record: its own term's timeout and
+retries bound it (`stream_ops/slow_terms.py`). Outputs may therefore leave out of input order.
 At-least-once: the agent iterates a `stream.noack()` stream, so faust never acks a record on its
-own; an in-order acker awaits each output's broker acknowledgement (the future `topic.send()`
-returns) and only then calls `stream.ack(event)`. faust commits only the contiguous acked prefix
+own; an in-order acker awaits each record's task, then its outputs' broker acknowledgement (the future
+`topic.send()` returns) and only then calls `stream.ack(event)`. faust commits only the contiguous acked prefix
 of a partition (`Consumer._new_offset`), so no offset is committed before its output is durable;
 a failed send crashes the app instead of acking, and a restarted worker redoes the record.
 (faust's own `stream_publish_on_commit` is not used: its commit path waits on the sends with
@@ -37,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Awaitable, Callable, NamedTuple
 
 import faust
 from confluent_kafka import KafkaException
@@ -72,6 +75,7 @@ STOP_GRACE_S = 10.0
 """After a stop begins, the process exits within this long, even while faust waits on a dead broker."""
 
 Scorer = Callable[[RolloutGroup], ExperienceGroup | None]
+AsyncScorer = Callable[[RolloutGroup], Awaitable[ExperienceGroup | None]]
 
 
 class Outcome(NamedTuple):
@@ -104,27 +108,52 @@ def route_record(scorer: Scorer, namespace: str, value: bytes | None, key: bytes
         group = validate(value, expected_team=team_of_topic(topic, namespace))
         stage = "scoring"
         exp = scorer(group)
-        if exp is None:
-            drop = GroupDropped(group_id=group.group_id, reason="filtered", role=ROLE)
-            return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)))
         stage = "encoding the experience"
-        exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
-        out_key, out_value = exp.group_id.encode(), encode(exp)
-        size = len(out_key) + len(out_value)
-        if size > max_output_bytes - RECORD_OVERHEAD_BYTES:
-            raise OutputTooLarge(f"the experience is {size} bytes; one record may be at most "
-                                 f"{max_output_bytes - RECORD_OVERHEAD_BYTES}")
-        return Outcome("experience", out_key, out_value, len(exp.trajectories))
+        return _scored(group, exp, topic, partition, offset, max_output_bytes)
     except Exception as e:  # any failure is this record's alone: dead-letter it, never stop the stream
-        if isinstance(e, InvalidRollout):
-            reason, error_type = _text(e), type(e).__name__
-        elif isinstance(e, ScoringError):
-            reason, error_type = _text(e), e.error_type
-        else:  # not a known kind of bad input: a gap in validation or a bug, worth a traceback
-            log.warning("stream-ops: %s while %s %s[%d]@%d; dead-lettered", type(e).__name__, stage,
-                        topic, partition, offset, exc_info=True)
-            reason, error_type = f"{type(e).__name__} while {stage}: {_text(e)}", type(e).__name__
-        return dead_letter(reason, error_type, value, key, topic, partition, offset)
+        return _failed(e, stage, value, key, topic, partition, offset)
+
+
+async def route_record_async(scorer: AsyncScorer, namespace: str, value: bytes | None, key: bytes | None,
+                             topic: str, partition: int, offset: int,
+                             max_output_bytes: int = MAX_REQUEST_BYTES) -> Outcome:
+    """`route_record` with an async scorer (`Scorer.ascore`: slow terms awaited, blocking ones in threads)."""
+    stage = "validating"
+    try:
+        group = validate(value, expected_team=team_of_topic(topic, namespace))
+        stage = "scoring"
+        exp = await scorer(group)
+        stage = "encoding the experience"
+        return _scored(group, exp, topic, partition, offset, max_output_bytes)
+    except Exception as e:  # any failure is this record's alone: dead-letter it, never stop the stream
+        return _failed(e, stage, value, key, topic, partition, offset)
+
+
+def _scored(group: RolloutGroup, exp: ExperienceGroup | None, topic: str, partition: int, offset: int,
+            max_output_bytes: int) -> Outcome:
+    if exp is None:
+        drop = GroupDropped(group_id=group.group_id, reason="filtered", role=ROLE)
+        return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)))
+    exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
+    out_key, out_value = exp.group_id.encode(), encode(exp)
+    size = len(out_key) + len(out_value)
+    if size > max_output_bytes - RECORD_OVERHEAD_BYTES:
+        raise OutputTooLarge(f"the experience is {size} bytes; one record may be at most "
+                             f"{max_output_bytes - RECORD_OVERHEAD_BYTES}")
+    return Outcome("experience", out_key, out_value, len(exp.trajectories))
+
+
+def _failed(e: Exception, stage: str, value: bytes | None, key: bytes | None, topic: str, partition: int,
+            offset: int) -> Outcome:
+    if isinstance(e, InvalidRollout):
+        reason, error_type = _text(e), type(e).__name__
+    elif isinstance(e, ScoringError):
+        reason, error_type = _text(e), e.error_type
+    else:  # not a known kind of bad input: a gap in validation or a bug, worth a traceback
+        log.warning("stream-ops: %s while %s %s[%d]@%d; dead-lettered", type(e).__name__, stage,
+                    topic, partition, offset, exc_info=True)
+        reason, error_type = f"{type(e).__name__} while {stage}: {_text(e)}", type(e).__name__
+    return dead_letter(reason, error_type, value, key, topic, partition, offset)
 
 
 def _text(e: BaseException) -> str:
@@ -251,22 +280,51 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
     outputs = {"experience": experiences, "dead_letter": dlq}
     counters = Counters()
     latencies: list[float] = []  # of the records acknowledged since the last metrics report
-    busy = {"score_s": 0.0}  # seconds spent validating, scoring and computing advantages
+    busy = {"score_s": 0.0}  # record-seconds spent validating, scoring and computing advantages
+
+    crashed: list[BaseException] = []
 
     async def crash(exc: BaseException) -> None:
         # the whole worker, never just the agent (see the module docstring); it exits non-zero
+        if crashed:
+            return
+        crashed.append(exc)
         log.error("stream-ops: %s: %s; exiting, a restart redoes the uncommitted records", type(exc).__name__, exc)
         await app.crash(exc)
 
     @app.agent(rollouts)
     async def score(stream):
+        # each record is scored and sent by a task of its own, so a slow judge holds up no other
+        # record; the queue bounds the records in flight and the acker acks them in input order
         inflight: asyncio.Queue = asyncio.Queue(maxsize=MAX_IN_FLIGHT)
+        pending: set[asyncio.Task] = set()
         manual = stream.noack()
+
+        async def handle(event) -> tuple[list, Outcome]:
+            m = event.message
+            t0 = time.monotonic()
+            outcome = await route_record_async(scorer.ascore, ns, event.value, m.key, m.topic, m.partition, m.offset)
+            busy["score_s"] += time.monotonic() - t0
+            delivered = []
+            if outcome.kind != "filtered":
+                delivered.append(await outputs[outcome.kind].send(key=outcome.key, value=outcome.value))
+            if outcome.dropped is not None:  # durable before the input is acked: a lost one would
+                # hold one group of admission headroom forever
+                delivered.append(await admission.send(key=outcome.dropped[0], value=outcome.dropped[1]))
+            return delivered, outcome
+
+        def finished(task: asyncio.Task) -> None:
+            pending.discard(task)
+            # a send the producer refused outright (sizes are checked: not the record): crash now,
+            # not when the acker reaches this record behind a slow one
+            if not task.cancelled() and task.exception() is not None:
+                asyncio.ensure_future(crash(task.exception()))
 
         async def ack_in_order() -> None:
             try:
                 while True:
-                    delivered, event, outcome = await inflight.get()
+                    task, event = await inflight.get()
+                    delivered, outcome = await task
                     for future in delivered:
                         await future  # the broker's acknowledgement (acks=all) of each output
                     await manual.ack(event)
@@ -279,23 +337,18 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
         acker = asyncio.ensure_future(ack_in_order())
         try:
             async for event in manual.events():
-                m = event.message
-                t0 = time.monotonic()
-                outcome = route_record(scorer, ns, event.value, m.key, m.topic, m.partition, m.offset)
-                busy["score_s"] += time.monotonic() - t0
-                delivered = []
-                if outcome.kind != "filtered":
-                    delivered.append(await outputs[outcome.kind].send(key=outcome.key, value=outcome.value))
-                if outcome.dropped is not None:  # durable before the input is acked: a lost one would
-                    # hold one group of admission headroom forever
-                    delivered.append(await admission.send(key=outcome.dropped[0], value=outcome.dropped[1]))
-                await inflight.put((delivered, event, outcome))
-                if acker.done():  # a delivery failed and the worker is going down: take nothing more
+                task = asyncio.ensure_future(handle(event))
+                pending.add(task)
+                task.add_done_callback(finished)
+                await inflight.put((task, event))
+                if acker.done() or crashed:  # a delivery failed and the worker is going down: take nothing more
                     return
-        except Exception as e:  # a send the producer refused outright (sizes are checked: not the record)
+        except Exception as e:
             await crash(e)
         finally:
             acker.cancel()
+            for task in list(pending):
+                task.cancel()
 
     last = {"t": time.monotonic(), "groups": 0, "trajectories": 0, "step": 0}
 
@@ -312,7 +365,8 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
             ordered = sorted(latencies)
             values.update(latency_p50_s=ordered[len(ordered) // 2], latency_max_s=ordered[-1])
             latencies.clear()
-        values["score_s"] = busy["score_s"]
+        values["score_s"] = busy["score_s"]  # summed over records scoring at once: may exceed wall time
+        values["reward_fallbacks"] = scorer.stats["fallbacks"]
         last.update(t=now, groups=counters.groups, trajectories=counters.trajectories, step=last["step"] + 1)
         metric = Metric(role=ROLE, role_id=worker_id, step=last["step"], values=values)
         if observe is not None:

@@ -14,11 +14,18 @@ computes them, and the zero-variance filter is off (it only makes sense under gr
 Any exception in a user's reward or advantage becomes `ScoringError` naming the term and trajectory,
 and so does a non-finite value anywhere on the way (a term, a weighted total, an advantage, the priority):
 finite inputs can still overflow (1e308 * 2), and a NaN must never reach the trainer.
+Slow terms (async or blocking rewards: model judges, sandboxes) are run by `slow_terms` with their
+timeouts, retries and fallback: `await Scorer.ascore(group)` in the worker's event loop, where many
+groups score at once; `Scorer(group)` and `score_group` also run them where no event loop runs.
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 from streamrft.config import RunConfig
@@ -43,19 +50,31 @@ class ScoringError(RuntimeError):
 class ResolvedReward:
     """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`.
 
-    `context`: which of `task` / `trajectory` the function takes (`rewards.reward_context`), found once here.
+    `context`: which of `task` / `trajectory` the function takes (`rewards.reward_context`), found once here;
+    `kind`: inline, async or blocking (`rewards.reward_kind`). The last four fields apply to slow
+    (async, blocking) terms only: see `RewardTerm`.
     """
 
     name: str
     fn: Callable[..., float] | None
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0
+    retries: int = 2
+    backoff_s: float = 0.5
+    fallback: float | None = None
     context: tuple[str, ...] = field(init=False, default=())
+    kind: str = field(init=False, default="inline")
 
     def __post_init__(self):
-        from streamrft.stream_ops.rewards import reward_context
+        from streamrft.stream_ops.rewards import reward_context, reward_kind
 
         object.__setattr__(self, "context", () if self.fn is None else reward_context(self.fn))
+        object.__setattr__(self, "kind", "inline" if self.fn is None else reward_kind(self.fn))
+
+    @property
+    def slow(self) -> bool:
+        return self.kind != "inline"
 
 
 def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
@@ -144,15 +163,23 @@ def _episode_rewards(group: RolloutGroup, totals: list[float], episode: list[int
 
 
 def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
-                advantage_params: dict, drop_zero_variance: bool, priority: str) -> ExperienceGroup | None:
+                advantage_params: dict, drop_zero_variance: bool, priority: str,
+                slow_values: dict[str, list[float]] | None = None) -> ExperienceGroup | None:
     """Score one group; None when its rewards are all equal and `drop_zero_variance` is on.
 
+    `slow_values`: each slow term's values, computed beforehand (`slow_terms.slow_components`);
+    when not given, they are computed here in a private event loop (never call this inside one then).
     Episodes of several steps (step_wise): the advantage function, the zero-variance filter and the
     priority see one reward per episode, and each step gets its episode's advantage, so an episode
     with more steps does not weigh more in the group's baseline.
     """
     n = len(group.trajectories)
-    components = {term.name: [_term_value(term, group, i) for i in range(n)] for term in rewards}
+    if slow_values is None and any(term.slow for term in rewards):
+        from streamrft.stream_ops.slow_terms import slow_components
+
+        slow_values = asyncio.run(slow_components(group, [t for t in rewards if t.slow]))
+    components = {term.name: (slow_values[term.name] if term.slow else [_term_value(term, group, i) for i in range(n)])
+                  for term in rewards}
     totals = [sum(term.weight * components[term.name][i] for term in rewards) for i in range(n)]
     if not all(math.isfinite(t) for t in totals):
         raise ScoringError(f"weighted rewards overflow: {totals} from {components}")
@@ -172,9 +199,18 @@ def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn
     )
 
 
-def resolve_rewards(cfg: RunConfig) -> list[ResolvedReward]:
-    """The config's reward terms, looked up once; labels are unique (a repeated name gets `#2`, ...)."""
+@lru_cache(maxsize=None)
+def _built(name: str | None, import_path: str | None, params_json: str) -> Callable[..., float]:
+    """A factory reward built once per process for its params: a model loads once per worker, however
+    many scorers (or evals) resolve the same term. What it returns must be safe to share (read-only)."""
     from streamrft.stream_ops.rewards import resolve_reward
+
+    return resolve_reward(name, import_path)(**json.loads(params_json))
+
+
+def resolve_rewards(cfg: RunConfig) -> list[ResolvedReward]:
+    """The config's reward terms, looked up once (factories built); labels are unique (`#2`, ...)."""
+    from streamrft.stream_ops.rewards import is_factory, resolve_reward
 
     resolved: list[ResolvedReward] = []
     seen: dict[str, int] = {}
@@ -184,7 +220,11 @@ def resolve_rewards(cfg: RunConfig) -> list[ResolvedReward]:
         if seen[label] > 1:
             label = f"{label}#{seen[label]}"
         fn = None if (term.name == ENV_TERM and not term.import_path) else resolve_reward(term.name, term.import_path)
-        resolved.append(ResolvedReward(label, fn, term.weight, dict(term.params)))
+        params = dict(term.params)
+        if fn is not None and is_factory(fn):
+            fn, params = _built(term.name, term.import_path, json.dumps(params, sort_keys=True)), {}
+        resolved.append(ResolvedReward(label, fn, term.weight, params, timeout_s=term.timeout_s, retries=term.retries,
+                                       backoff_s=term.backoff_s, fallback=term.fallback))
     if not resolved:
         raise ValueError("stream_ops.rewards is empty: configure at least one reward term")
     return resolved
@@ -203,14 +243,44 @@ def resolve_advantage(cfg: RunConfig) -> tuple[Callable | None, dict]:
     return resolve(ADVANTAGES, name), dict(part.params)
 
 
-def build_scorer(cfg: RunConfig) -> Callable[[RolloutGroup], ExperienceGroup | None]:
-    """Resolve rewards and advantage once; the returned function scores one group."""
-    rewards = resolve_rewards(cfg)
+class Scorer:
+    """The worker's scorer: `await scorer.ascore(group)` inside an event loop (slow terms run
+    concurrently, blocking ones in this scorer's thread pool), `scorer(group)` outside one.
+
+    `stats["fallbacks"]` counts trajectories scored with a term's fallback value.
+    """
+
+    def __init__(self, rewards: list[ResolvedReward], advantage_fn: Callable | None, advantage_params: dict,
+                 drop_zero_variance: bool, priority: str, threads: int = 32):
+        self.rewards, self.advantage_fn, self.advantage_params = rewards, advantage_fn, advantage_params
+        self.drop, self.priority = drop_zero_variance, priority
+        self.slow = [t for t in rewards if t.slow]
+        self.stats = {"fallbacks": 0}
+        self.pool = (ThreadPoolExecutor(threads, thread_name_prefix="reward")
+                     if any(t.kind == "blocking" for t in rewards) else None)
+
+    def _score(self, group: RolloutGroup, slow_values: dict | None) -> ExperienceGroup | None:
+        return score_group(group, self.rewards, self.advantage_fn, self.advantage_params, self.drop, self.priority,
+                           slow_values)
+
+    async def ascore(self, group: RolloutGroup) -> ExperienceGroup | None:
+        from streamrft.stream_ops.slow_terms import slow_components
+
+        slow = await slow_components(group, self.slow, self.pool, self.stats) if self.slow else {}
+        return self._score(group, slow)
+
+    def __call__(self, group: RolloutGroup) -> ExperienceGroup | None:
+        if not self.slow:
+            return self._score(group, {})
+        return asyncio.run(self.ascore(group))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def build_scorer(cfg: RunConfig) -> Scorer:
+    """Resolve rewards and advantage once; the returned scorer scores one group."""
     advantage_fn, params = resolve_advantage(cfg)
     drop = cfg.stream_ops.drop_zero_variance and advantage_fn is not None
-    priority = cfg.stream_ops.priority
-
-    def scorer(group: RolloutGroup) -> ExperienceGroup | None:
-        return score_group(group, rewards, advantage_fn, params, drop, priority)
-
-    return scorer
+    return Scorer(resolve_rewards(cfg), advantage_fn, params, drop, cfg.stream_ops.priority, cfg.stream_ops.threads)

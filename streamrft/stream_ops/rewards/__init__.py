@@ -13,6 +13,27 @@ and the others do not (`reward_context`, looked up once when the term is resolve
         if not trajectory.env_reward:
             return 0.0
         return 1.0 - per_turn * trajectory.info["turns"] / task.metadata.get("max_turns", 8)
+
+How the scorer calls a reward (`reward_kind`; stream ops score many records at once, each a task):
+- a plain function (`"inline"`, the rule rewards): called in the event loop; it must be fast
+  (microseconds), as it holds up every other record while it runs.
+- an `async def` coroutine function (`"async"`, e.g. the judge's HTTP back end): awaited.
+- a plain function with the attribute `blocking = True` (`"blocking"`, e.g. a local model, a
+  sandbox): run off the event loop in the worker's thread pool (`stream_ops.threads` threads).
+Async and blocking terms are "slow": the scorer runs each trajectory's call with the term's
+`timeout_s` per attempt and `retries` more attempts after a failure or timeout, waiting `backoff_s`,
+then twice that, ... between them (`RewardTerm` in streamrft/config/stream_ops.py). After the last
+attempt the group is dead-lettered with the reason (term, trajectory, attempts, last error), or,
+when the term sets `fallback`, that trajectory scores the fallback value (counted in the worker's
+`reward_fallbacks` metric). A timed-out blocking call keeps its thread until it returns (Python
+cannot stop a thread): bound the work yourself (a sandbox's own wall timeout) where it can hang.
+Inline terms raise straight to a dead letter, as before. A slow record never delays other records
+or the commit of earlier ones; commits still follow input order.
+
+A reward that must set something up once per worker (load a model, open a client) is a factory:
+a callable with the attribute `factory = True`, called once per worker with the term's `params`;
+it returns the reward function (any kind above), which is then called without them
+(`judge.make_judge`, `reward_model.make_reward_model`).
 """
 from __future__ import annotations
 
@@ -22,8 +43,10 @@ from typing import Callable
 
 from streamrft.stream_ops.rewards.exact_match import exact_match
 from streamrft.stream_ops.rewards.format import format_reward
+from streamrft.stream_ops.rewards.judge import make_judge
 from streamrft.stream_ops.rewards.math_verify import math_verify_reward
 from streamrft.stream_ops.rewards.reverse import reverse_reward
+from streamrft.stream_ops.rewards.reward_model import make_reward_model
 from streamrft.stream_ops.rewards.weighted_mix import weighted_mix
 
 RewardFn = Callable[..., float]
@@ -34,6 +57,8 @@ REWARDS: dict[str, RewardFn] = {
     "format": format_reward,
     "reverse": reverse_reward,
     "weighted_mix": weighted_mix,
+    "judge": make_judge,
+    "reward_model": make_reward_model,
 }
 
 
@@ -66,4 +91,19 @@ def reward_context(fn: RewardFn) -> tuple[str, ...]:
     return tuple(name for name in CONTEXT if name in parameters and parameters[name].kind in keyword)
 
 
-__all__ = ["CONTEXT", "REWARDS", "RewardFn", "resolve_reward", "reward_context"]
+KINDS = ("inline", "async", "blocking")
+
+
+def reward_kind(fn: RewardFn) -> str:
+    """How the scorer calls `fn`: "async" (a coroutine function), "blocking" (`fn.blocking` is true), else "inline"."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        return "async"
+    return "blocking" if getattr(fn, "blocking", False) else "inline"
+
+
+def is_factory(fn: RewardFn) -> bool:
+    """True for a reward that is built once per worker from its term's params (`fn.factory`)."""
+    return bool(getattr(fn, "factory", False))
+
+
+__all__ = ["CONTEXT", "KINDS", "REWARDS", "RewardFn", "is_factory", "resolve_reward", "reward_context", "reward_kind"]
