@@ -174,7 +174,8 @@ class Explorer:
             self.admission.stop()
             tasks.close()
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
-                          "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"]})
+                          "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"],
+                          **self._timings(t_start)})  # the last profile keeps the explorers' stages
             flush_or_raise(self.producer)
             self.prom.close()
         return self.stats
