@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from streamrft.consumers.admission import Counts, admit_trajectories, oldest_head
 from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, RolloutGroup, decode, encode, topic_name
@@ -36,12 +36,8 @@ class Intake:
         log_end = {e.partition: e.end for e in ends}
         starts = {e.partition: max(e.start, rp.from_offset) for e in ends}
         stops = {p: end if rp.to_offset is None else min(end, rp.to_offset) for p, end in log_end.items()}
-        for ts, into in ((rp.from_timestamp_ms, starts), (rp.to_timestamp_ms, stops)):
-            if ts is not None:
-                asked = [TopicPartition(self.topic, p, ts) for p in log_end]
-                for tp in self.consumer.offsets_for_times(asked, timeout=10):
-                    # -1: nothing at or after that time in this partition
-                    into[tp.partition] = tp.offset if tp.offset >= 0 else log_end[tp.partition]
+        # a time range is applied record by record (`_outside_time`), not by offsets_for_times: the
+        # embedded broker's ListOffsets is not to be trusted (INFRA-NOTES), and timestamps are in every record
         if rp.partitions is not None:
             starts = {p: rp.partitions[p][0] if p in rp.partitions else 0 for p in log_end}
             stops = {p: min(rp.partitions[p][1], end) if p in rp.partitions else 0 for p, end in log_end.items()}
@@ -52,6 +48,17 @@ class Intake:
 
     def _past_end(self, msg) -> bool:
         return self.replay_end is not None and msg.offset() >= self.replay_end.get(f"{msg.topic()}:{msg.partition()}", 0)
+
+    def _outside_time(self, msg) -> bool:
+        """Before `from_timestamp_ms`, or at/after `to_timestamp_ms` (which also ends its partition)."""
+        if not self.replay or (self.replay.from_timestamp_ms is None and self.replay.to_timestamp_ms is None):
+            return False
+        ts = msg.timestamp()[1]
+        if self.replay.to_timestamp_ms is not None and ts >= self.replay.to_timestamp_ms:
+            key = f"{msg.topic()}:{msg.partition()}"
+            self.replay_end[key] = min(self.replay_end.get(key, 0), msg.offset())
+            return True
+        return self.replay.from_timestamp_ms is not None and ts < self.replay.from_timestamp_ms
 
     def _replay_done(self) -> bool:
         return self.replay_end is not None and not any(not self._past_end(m) for m in self.pending) and all(
@@ -182,7 +189,7 @@ class Intake:
             msg, eg = self._take()
             key = f"{msg.topic()}:{msg.partition()}"
             self.position[key] = offsets[key] = msg.offset() + 1
-            if self._past_end(msg) or eg is None:
+            if self._past_end(msg) or self._outside_time(msg) or eg is None:
                 continue  # beyond the replayed range, or a rollout group the scorer filtered
             try:
                 if isinstance(eg, Exception):
