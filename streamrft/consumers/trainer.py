@@ -32,6 +32,10 @@ checkpoint's shards), so no rank waits on a call another skipped (`consumers/upd
 With `model.lora` only adapters train, and every version (version 0 too: B = 0, the base itself)
 and checkpoint holds the adapter alone, its manifest meta saying so (`kind: lora`, r, alpha).
 Every version's meta names the base model files uploaded beside the versions (`base`, `base_sha256`).
+With `trainer.replay_buffer` each step adds groups drawn from a prioritised buffer of recently
+trained ones (`consumers/replay_buffer.py`, importance-weighted; `_next_samples`, `_after_step`): a
+replayed use goes into the audit trail as `<id>#r<k>`, and the buffer's log locations into every
+checkpoint, re-read by offset on resume. `trainer.sft_mix` adds CHORD's expert rows (`consumers/sft_mix.py`).
 """
 from __future__ import annotations
 

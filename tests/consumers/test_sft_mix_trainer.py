@@ -4,7 +4,6 @@ follows its schedule and each source's share of the rows is a metric."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
