@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -277,8 +278,19 @@ def cmd_train(args) -> int:
 def cmd_replay(args) -> int:
     args.overrides = [*args.overrides, f"trainer.replay.namespace={args.source}",
                       f"trainer.replay.from_offset={args.from_offset}"]
-    if args.from_timestamp_ms is not None:
-        args.overrides.append(f"trainer.replay.from_timestamp_ms={args.from_timestamp_ms}")
+    for flag in ("from_timestamp_ms", "to_offset", "to_timestamp_ms"):
+        if getattr(args, flag) is not None:
+            args.overrides.append(f"trainer.replay.{flag}={getattr(args, flag)}")
+    if args.range:
+        ranges = {}
+        for r in args.range:
+            m = re.fullmatch(r"(\d+):(\d+)-(\d+)", r)
+            if m is None:
+                raise SystemExit(f"--range {r!r}: expected PARTITION:START-END (offsets, END exclusive)")
+            ranges[int(m[1])] = [int(m[2]), int(m[3])]
+        args.overrides.append("trainer.replay.partitions={" + ", ".join(f"{p}: {v}" for p, v in ranges.items()) + "}")
+    if args.rollouts is not None:
+        args.overrides.append(f"trainer.replay.rollouts_team={args.rollouts}")
     return cmd_train(args)
 
 
@@ -357,11 +369,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the rollout gateway: an OpenAI-compatible endpoint for other teams' agents")
     _config_args(p)
     p.set_defaults(fn=cmd_serve)
-    p = sub.add_parser("replay", help="train on a retained experiences topic of another run, to its end")
+    p = sub.add_parser("replay", help="train on a range of another run's retained experiences (or rollouts) topic")
     _config_args(p)
     p.add_argument("--source", required=True, help="namespace of the run whose experiences are replayed")
     p.add_argument("--from-offset", type=int, default=0)
     p.add_argument("--from-timestamp-ms", type=int, default=None)
+    p.add_argument("--to-offset", type=int, default=None, help="stop every partition before this offset")
+    p.add_argument("--to-timestamp-ms", type=int, default=None, help="stop before the first record at/after this time")
+    p.add_argument("--range", action="append", default=[], metavar="P:START-END",
+                   help="only partition P's offsets [START, END); repeat for more partitions (others skipped)")
+    p.add_argument("--rollouts", metavar="TEAM", default=None,
+                   help="replay <source>.rollouts.TEAM, scored again with this config's rewards")
     p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_replay)
     p = sub.add_parser("score", help="run one stream-ops worker (validate, score, advantages)")

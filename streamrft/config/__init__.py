@@ -25,14 +25,15 @@ from streamrft.config.model import LORA_TARGETS, PACKAGED_MODELS, PYPI_SOURCE, L
 from streamrft.config.monitor import LOGGER_BACKENDS, DashboardConfig, MonitorConfig, PrometheusConfig
 from streamrft.config.stack import KafkaConfig, S3Config, StackConfig
 from streamrft.config.stream_ops import RewardTerm, StreamOpsConfig
-from streamrft.config.trainer import (AlgorithmConfig, DeepSpeedConfig, KLConfig, PartConfig, ReplayConfig,
-                                      TrainerConfig, WeightSyncConfig)
+from streamrft.config.trainer import (AlgorithmConfig, DeepSpeedConfig, KLConfig, PartConfig, ReplayBufferConfig,
+                                      ReplayConfig, SftMixConfig, TrainerConfig, WeightSyncConfig)
 
 __all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES", "KL_ESTIMATOR_TYPES", "LOGGER_BACKENDS", "LORA_TARGETS",
            "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES", "WORKFLOW_TYPES",
            "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "EngineConfig", "EnvConfig", "EvalConfig",
            "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
-           "PartConfig", "PrometheusConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config", "SamplingConfig", "Section",
+           "PartConfig", "PrometheusConfig", "ReplayBufferConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config",
+           "SamplingConfig", "Section", "SftMixConfig",
            "StackConfig", "StageConfig", "StreamOpsConfig", "TinyModelSpec", "TrainerConfig", "WeightSyncConfig",
            "apply_overrides", "dump_config", "load_config", "parse_config"]
 

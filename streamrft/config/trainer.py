@@ -71,14 +71,86 @@ class DeepSpeedConfig(Section):
 
 
 class ReplayConfig(Section):
-    """Train offline by replaying a retained experiences topic (another run's durable log)."""
+    """Train offline by replaying a retained topic (another run's durable log), whole or a range of
+    it. Not `replay_buffer`, which is prioritised reuse of recent groups inside an online run."""
 
     namespace: str
-    """The namespace of the run whose `<namespace>.experiences` topic is replayed."""
+    """The namespace of the run whose `<namespace>.experiences` (or rollouts) topic is replayed."""
     from_offset: int = Field(0, ge=0)
     """Start every partition at this offset..."""
     from_timestamp_ms: int | None = Field(None, ge=0)
     """...or at the first record at or after this time (epoch ms), when set."""
+    to_offset: int | None = Field(None, ge=0)
+    """Stop every partition before this offset (exclusive); None: the log's end at start-up."""
+    to_timestamp_ms: int | None = Field(None, ge=0)
+    """...or before the first record at or after this time (epoch ms), when set."""
+    partitions: dict[int, tuple[int, int]] | None = None
+    """Per-partition ranges {partition: [start, end)} (offsets); partitions not named are skipped.
+    Overrides the from/to fields."""
+    rollouts_team: str | None = None
+    """Replay `<namespace>.rollouts.<team>` instead of the experiences topic: every group is scored
+    again with this config's rewards (`stream_ops.scoring.build_scorer`, in-process) before training;
+    one the scorer filters (zero variance) is skipped, one it fails on is a dead letter."""
+
+    @model_validator(mode="after")
+    def _range(self) -> "ReplayConfig":
+        if self.to_offset is not None and self.to_offset < self.from_offset:
+            raise ValueError(f"trainer.replay.to_offset={self.to_offset} is below from_offset={self.from_offset}")
+        if (self.to_timestamp_ms is not None and self.from_timestamp_ms is not None
+                and self.to_timestamp_ms < self.from_timestamp_ms):
+            raise ValueError("trainer.replay.to_timestamp_ms is below from_timestamp_ms")
+        for p, (start, end) in (self.partitions or {}).items():
+            if p < 0 or start < 0 or end < start:
+                raise ValueError(f"trainer.replay.partitions[{p}]=[{start}, {end}): need partition >= 0 and "
+                                 "0 <= start <= end")
+        return self
+
+
+class ReplayBufferConfig(Section):
+    """Prioritised experience replay inside this run (`consumers/replay_buffer.py`): deliberate,
+    counted reuse of recently trained groups. Not `replay`, which re-reads another run's log."""
+
+    capacity: int = Field(64, ge=1)
+    """Groups kept at most (first in, first out)."""
+    replay_groups: int = Field(2, ge=1)
+    """Groups drawn from the buffer per step, on top of the `batch_groups` fresh ones (fresh intake
+    per version stays what explorers' admission control expects)."""
+    alpha: float = Field(0.6, ge=0, **_FINITE)
+    """P(i) ~ priority_i^alpha; 0 = uniform."""
+    beta: float = Field(0.4, ge=0, le=1)
+    """Importance-weight exponent at step 0: weights (N P(i))^-beta / max."""
+    beta_final: float = Field(1.0, ge=0, le=1)
+    beta_anneal_steps: int = Field(0, ge=0)
+    """Steps over which beta goes linearly to `beta_final`; 0 = `beta` throughout."""
+    max_reuse: int = Field(2, ge=1)
+    """Replays of one group at most (its fresh use not counted)."""
+    max_staleness: int = Field(4, ge=0)
+    """A group whose oldest trajectory's version is older than trainer version - this leaves."""
+    priority: Literal["abs_advantage", "reward_std", "td_error"] = "abs_advantage"
+    """Mean |advantage| (stream ops'), the rewards' std, or the mean |token advantage| the trainer
+    computed on the group's last use (with a GAE critic: TD errors; refreshed on every use)."""
+    import_path: str | None = None
+    """A user's `pkg.module:fn(ExperienceGroup) -> float` instead of `priority`."""
+    epsilon: float = Field(1e-3, gt=0, **_FINITE)
+    """Added to every priority, so a group of priority 0 may still be drawn."""
+
+
+class SftMixConfig(Section):
+    """Mix expert demonstrations into every RL step (`consumers/sft_mix.py`): CHORD (Zhang et al.
+    2025, as Trinity-RFT's `mix_chord`): loss = (1 - mu) * RL loss + mu * SFT loss on the expert rows,
+    mu warmed up linearly to `mu_peak` then cosine-decayed to `mu_valley`."""
+
+    path: str
+    """JSONL/Parquet of prompt/completion (or chat) rows, as offline SFT reads (`consumers/offline_data.py`)."""
+    rows_per_step: int = Field(4, ge=1)
+    """Expert rows per step, taken in file order, wrapping around (a restart takes the same rows)."""
+    mu_peak: float = Field(0.1, ge=0, le=1)
+    mu_valley: float = Field(0.1, ge=0, le=1)
+    mu_warmup_steps: int = Field(0, ge=0)
+    mu_decay_steps: int = Field(0, ge=0)
+    phi: bool = True
+    """CHORD-phi: weight each expert token's -log p by p (1 - p) (detached), so tokens the policy is
+    already sure of, or far from, pull less; False: plain SFT."""
 
 
 class WeightSyncConfig(Section):
@@ -147,4 +219,14 @@ class TrainerConfig(Section):
     seed: int = Field(0, ge=0)
     replay: ReplayConfig | None = None
     """Replay a retained topic instead of following this run's experiences: no staleness rule
-    (the samples come from another run's versions), stop at the topic's end."""
+    (the samples come from another run's versions), stop at the range's or topic's end."""
+    replay_buffer: ReplayBufferConfig | None = None
+    """Prioritised experience replay of this run's recent groups (not `replay`)."""
+    sft_mix: SftMixConfig | None = None
+    """Expert demonstrations mixed into every step under CHORD's schedule (torch engine)."""
+
+    @model_validator(mode="after")
+    def _mixing(self) -> "TrainerConfig":
+        if self.sft_mix is not None and self.engine != "torch":
+            raise ValueError("trainer.sft_mix needs trainer.engine='torch' (got 'deepspeed')")
+        return self

@@ -46,6 +46,7 @@ class Counts:
     duplicate: int = 0
     dead_lettered: int = 0
     groups_trained: int = 0
+    replayed: int = 0  # trajectories trained again from the replay buffer (not in `trained`)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)

@@ -18,6 +18,7 @@ class Batch:
     old_logprobs: torch.Tensor   # [B, L-1]
     advantages: torch.Tensor     # [B]
     rewards: torch.Tensor        # [B]
+    weights: torch.Tensor        # [B] per-sample weight of the row's gradient (replay's importance weights; 1 fresh)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -30,7 +31,7 @@ class Batch:
         idx = torch.tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[idx].sum(1).max())
         return Batch(self.input_ids[idx, :width], self.attention_mask[idx, :width], self.mask[idx, :width - 1],
-                     self.old_logprobs[idx, :width - 1], self.advantages[idx], self.rewards[idx])
+                     self.old_logprobs[idx, :width - 1], self.advantages[idx], self.rewards[idx], self.weights[idx])
 
     def to(self, device) -> "Batch":
         return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
@@ -53,8 +54,8 @@ def micro_batches(lengths: list[int], max_seqs: int, max_tokens: int | None = No
     return out
 
 
-def collate(samples: list[tuple], pad_id: int) -> Batch:
-    """samples: (Trajectory, advantage, reward) tuples."""
+def collate(samples: list[tuple], pad_id: int, weights: list[float] | None = None) -> Batch:
+    """samples: (Trajectory, advantage, reward) tuples; `weights`: one per sample (default 1)."""
     width = max(len(t.prompt_ids) + len(t.response_ids) for t, _, _ in samples)
     B = len(samples)
     ids = torch.full((B, width), pad_id, dtype=torch.long)
@@ -69,7 +70,8 @@ def collate(samples: list[tuple], pad_id: int) -> Batch:
         old[b, p - 1 : p - 1 + r] = torch.tensor(t.logprobs)
     adv = torch.tensor([a for _, a, _ in samples], dtype=torch.float)
     rew = torch.tensor([r for _, _, r in samples], dtype=torch.float)
-    return Batch(ids, attn, mask, old, adv, rew)
+    w = torch.ones(B) if weights is None else torch.tensor(weights, dtype=torch.float)
+    return Batch(ids, attn, mask, old, adv, rew, w)
 
 
 def _first_scored_column(mask: torch.Tensor) -> int:

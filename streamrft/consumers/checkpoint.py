@@ -3,13 +3,15 @@
 `<dir>/v<N>/` holds the weights (with LoRA the adapter alone, `adapter.safetensors`),
 `optimizer.pt`, `trained.json` (the trajectory ids trained in version N) and, written last,
 `state.json` (version, step, the next offset of every experiences partition, the window of
-trained trajectory ids, counters). A directory is written as
+trained trajectory ids, counters, the replay buffer's members by log location). A directory is written as
 `.tmp-v<N>`, fsynced and renamed, so a `v<N>` with `state.json` is complete; pruning renames a
 directory away before deleting it. `latest()` picks the highest complete `v<N>`; `LATEST` is
 still written for people and scripts, but nothing trusts it: a crash between the rename and the
 pointer update, or a second writer, used to send a restarted trainer back to an old version.
 `audit/v<N>.json` copies `trained.json` once v<N> is durable: the union over the audit files is
-exactly what the durable versions trained.
+exactly what the durable versions trained. A deliberate reuse by the replay buffer
+(`trainer.replay_buffer`) is recorded as `<traj_id>#r<k>` (its k-th replay), so each plain id is
+still in the trail once and each reuse is counted.
 
 With `trainer.checkpoint_every` K > 1 a checkpoint comes every K versions, and its `trained.json`
 holds the ids trained since the previous checkpoint (every step of those K versions), so the audit
@@ -52,6 +54,7 @@ class TrainerState:
     offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> next offset
     seen: dict[str, int] = field(default_factory=dict)     # traj_id -> model_version
     counts: dict[str, int] = field(default_factory=dict)
+    replay_buffer: list[dict] = field(default_factory=list)  # `ReplayBuffer.members()`: re-read from the log
 
 
 class CheckpointBusyError(RuntimeError):

@@ -5,7 +5,8 @@
 token the model cannot take, a non-finite value) makes it a dead letter, and a group dropped stale
 or dead-lettered is announced on `<ns>.admission` for the explorers' admission control. Where it
 reads from: the checkpoint's offsets, never the group's committed ones (`_on_assign`); when
-replaying another run's log, from `trainer.replay`'s start to the log's end fixed at start.
+replaying another run's log, `trainer.replay`'s range (to the log's end fixed at start at most),
+from its experiences topic or its rollouts topic, scored again with this config (`scorer`).
 A mixin of `consumers.trainer.Trainer`, which holds the state it reads and writes.
 """
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import logging
 import math
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from streamrft.consumers.admission import Counts, admit_trajectories, oldest_head
-from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, decode, encode, topic_name
+from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, RolloutGroup, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -25,24 +26,42 @@ PENDING_TOP_UP = 256  # fetched records below which the trainer fetches more bef
 
 class Intake:
     def _start_replay(self) -> None:
-        """Fix the end of the replayed log now, and where each partition starts (fresh runs)."""
+        """Fix the replayed range now: its end (the log's end at start-up at most) and, on a fresh
+        run, each partition's start; a partition outside `trainer.replay.partitions` is skipped."""
         from streamrft.infra.kafka import partition_ends
 
+        rp = self.replay
         ends = partition_ends(self.cfg.kafka, self.topic)
-        self.replay_end = {f"{self.topic}:{e.partition}": e.end for e in ends}
-        if self.next_offsets:
-            return  # resumed: the checkpoint knows where we are
-        starts = {f"{self.topic}:{e.partition}": max(e.start, self.replay.from_offset) for e in ends}
-        if self.replay.from_timestamp_ms is not None:
-            asked = [TopicPartition(self.topic, e.partition, self.replay.from_timestamp_ms) for e in ends]
-            for tp in self.consumer.offsets_for_times(asked, timeout=10):
-                # -1: nothing at or after that time in this partition
-                starts[f"{tp.topic}:{tp.partition}"] = tp.offset if tp.offset >= 0 else self.replay_end[f"{tp.topic}:{tp.partition}"]
-        self.next_offsets = starts
-        self.position = dict(starts)
+        key = f"{self.topic}:{{}}".format
+        log_end = {e.partition: e.end for e in ends}
+        starts = {e.partition: max(e.start, rp.from_offset) for e in ends}
+        stops = {p: end if rp.to_offset is None else min(end, rp.to_offset) for p, end in log_end.items()}
+        # a time range is applied record by record (`_outside_time`), not by offsets_for_times: the
+        # embedded broker's ListOffsets is not to be trusted (INFRA-NOTES), and timestamps are in every record
+        if rp.partitions is not None:
+            starts = {p: rp.partitions[p][0] if p in rp.partitions else 0 for p in log_end}
+            stops = {p: min(rp.partitions[p][1], end) if p in rp.partitions else 0 for p, end in log_end.items()}
+        self.replay_end = {key(p): stops[p] for p in log_end}
+        if not self.next_offsets:  # resumed: the checkpoint knows where we are
+            self.next_offsets = {key(p): min(starts[p], stops[p]) for p in log_end}
+            self.position = dict(self.next_offsets)
+
+    def _past_end(self, msg) -> bool:
+        return self.replay_end is not None and msg.offset() >= self.replay_end.get(f"{msg.topic()}:{msg.partition()}", 0)
+
+    def _outside_time(self, msg) -> bool:
+        """Before `from_timestamp_ms`, or at/after `to_timestamp_ms` (which also ends its partition)."""
+        if not self.replay or (self.replay.from_timestamp_ms is None and self.replay.to_timestamp_ms is None):
+            return False
+        ts = msg.timestamp()[1]
+        if self.replay.to_timestamp_ms is not None and ts >= self.replay.to_timestamp_ms:
+            key = f"{msg.topic()}:{msg.partition()}"
+            self.replay_end[key] = min(self.replay_end.get(key, 0), msg.offset())
+            return True
+        return self.replay.from_timestamp_ms is not None and ts < self.replay.from_timestamp_ms
 
     def _replay_done(self) -> bool:
-        return self.replay_end is not None and not self.pending and all(
+        return self.replay_end is not None and not any(not self._past_end(m) for m in self.pending) and all(
             self.position.get(k, 0) >= end for k, end in self.replay_end.items())
 
     def _on_assign(self, consumer, partitions):
@@ -109,17 +128,39 @@ class Intake:
         at = (m.topic(), m.partition(), m.offset())
         if at not in self._decoded:
             try:
-                self._decoded[at] = decode(m.value(), ExperienceGroup)
+                self._decoded[at] = self._decode_value(m.value())
             except Exception as e:
                 self._decoded[at] = e
         return self._decoded[at]
+
+    def _decode_value(self, value: bytes) -> ExperienceGroup | None:
+        """An experiences record, or a rollouts record scored with this config's rewards (None: the
+        scorer filtered it, e.g. zero variance)."""
+        if self.scorer is None:
+            return decode(value, ExperienceGroup)
+        return self.scorer(decode(value, RolloutGroup))
+
+    def read_groups(self, locations: list[tuple[str, int, int]]) -> dict[tuple, ExperienceGroup]:
+        """The groups at these log locations, read again by offset (the replay buffer's restore)."""
+        from streamrft.infra.kafka import read_at
+
+        out = {}
+        for at, value in read_at(self.cfg.kafka, locations).items():
+            try:
+                eg = self._decode_value(value)
+            except Exception as e:  # it was trained once, so this is unexpected; skip it, do not crash
+                log.warning("replay buffer: %s does not decode any more: %s", at, e)
+                continue
+            if eg is not None:
+                out[at] = eg
+        return out
 
     def _take(self):
         """(record, its ExperienceGroup or decoding error): of the pending records, the next to train
         on (`oldest_head`: the oldest weights first across partitions)."""
         def version_of(i: int) -> int:
             eg = self._decoded_at(i)
-            return -1 if isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)
+            return -1 if eg is None or isinstance(eg, Exception) else min(t.model_version for t in eg.trajectories)
 
         i = oldest_head([(m.topic(), m.partition()) for m in self.pending], version_of)
         eg = self._decoded_at(i)
@@ -133,7 +174,7 @@ class Intake:
         A batch is all or nothing: its offsets and counters join the trainer's state only once it
         is complete, so a stop half-way leaves nothing for the next checkpoint to record.
         """
-        samples, groups, batch_ids = [], 0, set()
+        samples, groups, batch_ids, fresh = [], 0, set(), []
         offsets, counts = {}, Counts()
         while groups < self.tc.batch_groups:
             if self.stop.is_set():
@@ -148,6 +189,8 @@ class Intake:
             msg, eg = self._take()
             key = f"{msg.topic()}:{msg.partition()}"
             self.position[key] = offsets[key] = msg.offset() + 1
+            if self._past_end(msg) or self._outside_time(msg) or eg is None:
+                continue  # beyond the replayed range, or a rollout group the scorer filtered
             try:
                 if isinstance(eg, Exception):
                     raise eg
@@ -161,8 +204,10 @@ class Intake:
             if keep:
                 groups += 1
                 samples += [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in keep]
+                fresh.append((msg.topic(), msg.partition(), msg.offset(), eg, keep))
             elif counts.stale > stale:
                 self._dropped(GroupDropped(group_id=eg.group_id, reason="stale", role="trainer"))
         self.next_offsets.update(offsets)
         self.counts.add(counts)
+        self.fresh_groups = fresh  # where each trained group is in the log: the replay buffer keeps it
         return samples or None

@@ -32,6 +32,10 @@ checkpoint's shards), so no rank waits on a call another skipped (`consumers/upd
 With `model.lora` only adapters train, and every version (version 0 too: B = 0, the base itself)
 and checkpoint holds the adapter alone, its manifest meta saying so (`kind: lora`, r, alpha).
 Every version's meta names the base model files uploaded beside the versions (`base`, `base_sha256`).
+With `trainer.replay_buffer` each step adds groups drawn from a prioritised buffer of recently
+trained ones (`consumers/replay_buffer.py`, importance-weighted; `_next_samples`, `_after_step`): a
+replayed use goes into the audit trail as `<id>#r<k>`, and the buffer's log locations into every
+checkpoint, re-read by offset on resume. `trainer.sft_mix` adds CHORD's expert rows (`consumers/sft_mix.py`).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from streamrft.config import RunConfig
 from streamrft.consumers import checkpoint
 from streamrft.consumers.admission import Counts, SeenWindow
 from streamrft.consumers.publisher import Publisher, cpu_copy, retried
+from streamrft.consumers.replay_buffer import ReplayBuffer
 from streamrft.consumers.advantages import make_batch_advantage
 from streamrft.consumers.intake import Intake
 from streamrft.consumers.update import Objective, UpdateLoop
@@ -111,6 +116,20 @@ class Trainer(Intake, UpdateLoop):
         self.replay = self.tc.replay
         self.max_staleness = None if self.replay else self.tc.max_staleness
         self.topic = topic_name(self.replay.namespace if self.replay else ns, "experiences")
+        self.scorer = None
+        if self.replay and self.replay.rollouts_team:  # rollouts scored again with this config's rewards
+            from streamrft.stream_ops.scoring import build_scorer
+
+            self.topic = topic_name(self.replay.namespace, "rollouts", self.replay.rollouts_team)
+            self.scorer = build_scorer(cfg)
+        self.sft = None
+        if self.tc.sft_mix is not None:
+            from streamrft.consumers.sft_mix import SftSource
+
+            self.sft = SftSource(self.tc.sft_mix, self.tokenizer)
+        self.buffer = ReplayBuffer(self.tc.replay_buffer, self.tc.seed) if self.tc.replay_buffer and self.is_main else None
+        self.fresh_groups: list = []  # (topic, partition, offset, group, kept indices) of the last batch
+        self.replayed: list = []      # (buffer entry, importance weight) of the last batch
         self.replay_end: dict[str, int] | None = None
         self.pending: list = []
         self._decoded: dict[tuple[str, int, int], ExperienceGroup | Exception] = {}  # of pending records
@@ -140,6 +159,9 @@ class Trainer(Intake, UpdateLoop):
             self.consumer.subscribe([self.topic], on_assign=self._on_assign)
             if self.replay:
                 self._start_replay()
+            if self.buffer is not None and self.state.replay_buffer:  # rebuilt from the log, by offset
+                self.buffer.restore(self.state.replay_buffer, self.read_groups)
+                log.info("replay buffer restored: %d of %d groups", len(self.buffer), len(self.state.replay_buffer))
 
     # ---- versions ----------------------------------------------------------------------------
     def publish(self, checkpoint_due: bool = True) -> None:
@@ -177,6 +199,7 @@ class Trainer(Intake, UpdateLoop):
         import copy
 
         self.state.seen, self.state.offsets, self.state.counts = dict(self.seen.ids), dict(self.next_offsets), self.counts.as_dict()
+        self.state.replay_buffer = self.buffer.members() if self.buffer is not None else []
         barrier = getattr(self.engine, "barrier", lambda: None)
         if self.is_main:  # the dead letters of records this checkpoint moves past must be acknowledged first
             flush_or_raise(self.producer, timeout=60)
@@ -288,11 +311,42 @@ class Trainer(Intake, UpdateLoop):
         self.metric_logger.log(m)
         self.prom.observe(m)
 
-    def _next_samples(self) -> list[tuple] | None:
+    def _next_samples(self) -> tuple[list[tuple] | None, list[float] | None]:
+        """(samples, their weights: None = all 1): the fresh ones first, then the groups drawn from the
+        replay buffer (`trainer.replay_buffer`) with their importance weights."""
         samples = self.collect() if self.is_main else None
+        weights, self.replayed = None, []
+        if samples is not None and self.buffer is not None:
+            self.replayed = self.buffer.sample(self.state.version, self.state.step)
+            weights = [1.0] * len(samples)
+            for entry, w in self.replayed:
+                eg = entry.group
+                samples = samples + [(eg.trajectories[i], eg.advantages[i], eg.rewards[i]) for i in entry.keep]
+                weights += [w] * len(entry.keep)
         if self.world > 1:
-            samples = self.engine.broadcast(samples)  # None from rank 0 stops every rank
-        return samples
+            samples, weights = self.engine.broadcast((samples, weights))  # None from rank 0 stops every rank
+        return samples, weights
+
+    def _after_step(self, samples: list[tuple]) -> None:
+        """Record what the step trained: fresh ids in the window and the audit trail, replayed uses in
+        the audit trail as `<id>#r<reuse>`; the fresh groups join the replay buffer."""
+        fresh = len(samples) - sum(len(e.keep) for e, _ in self.replayed)
+        for t, _, _ in samples[:fresh]:
+            self.seen.add(t.traj_id, t.model_version)
+            self.trained_since_ckpt.append(t.traj_id)
+        self.counts.trained += fresh
+        self.counts.groups_trained += len({t.group_id for t, _, _ in samples[:fresh]})
+        if self.buffer is None:
+            return
+        rows, row = getattr(self, "row_abs_advantages", None) or [None] * len(samples), 0
+        for topic, partition, offset, eg, keep in self.fresh_groups:
+            self.buffer.add(topic, partition, offset, eg, keep, rows[row:row + len(keep)])
+            row += len(keep)
+        for entry, _ in self.replayed:
+            self.trained_since_ckpt += [f"{entry.group.trajectories[i].traj_id}#r{entry.reuse}" for i in entry.keep]
+            self.buffer.reprioritise(entry, rows[row:row + len(entry.keep)])
+            row += len(entry.keep)
+        self.counts.replayed += row - fresh
 
     # ---- start-up: versions never go backwards ------------------------------------------------
     def _newest_announced(self) -> int | None:
@@ -421,17 +475,18 @@ class Trainer(Intake, UpdateLoop):
             self.progress = bar(sum(self.replay_end.values()) - start, f"replaying {self.topic}", unit="record")
         while self.state.step < self.tc.max_steps:
             t0 = time.monotonic()
-            samples = self._next_samples()
+            samples, weights = self._next_samples()
             if samples is None:
                 break
             t1 = time.monotonic()
-            latency = self._loop_latency({t.model_version for t, _, _ in samples}, t1)
-            metrics = self.train_step(samples)
-            for t, _, _ in samples:
-                self.seen.add(t.traj_id, t.model_version)
-                self.trained_since_ckpt.append(t.traj_id)
-            self.counts.trained += len(samples)
-            self.counts.groups_trained += len({t.group_id for t, _, _ in samples})
+            replayed = sum(len(e.keep) for e, _ in self.replayed)
+            latency = self._loop_latency({t.model_version for t, _, _ in samples[:len(samples) - replayed]}, t1)
+            metrics = self.train_step(samples, weights)
+            if self.buffer is not None:
+                metrics.update(share_replay=replayed / len(samples), replay_buffer_size=float(len(self.buffer)),
+                               **({"replay_weight_mean": sum(w for _, w in self.replayed) / len(self.replayed)}
+                                  if self.replayed else {}))
+            self._after_step(samples)
             self.state.step += 1
             t2 = time.monotonic()
             if self.state.step % self.tc.sync_interval == 0:

@@ -23,6 +23,7 @@ import torch
 
 from streamrft.config import RunConfig
 from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
+from streamrft.consumers.sft_mix import sft_loss
 
 
 class Objective:
@@ -62,7 +63,17 @@ class Objective:
         return policy_objective(logp, batch.old_logprobs, batch.advantages, batch.mask, ref_logp, entropy,
                                 loss_fn=self.loss_fn, loss_params=params, kl_fn=self.kl_fn, kl_coef=self.kl_coef,
                                 entropy_coef=self.entropy_coef, agg_mode=self.agg_mode, global_tokens=global_tokens,
-                                global_seqs=global_seqs, norm_len=self.norm_len)
+                                global_seqs=global_seqs, norm_len=self.norm_len,
+                                sample_weights=None if bool((batch.weights == 1).all()) else batch.weights)
+
+
+def row_abs_advantages(batch: Batch) -> list[float]:
+    """Each row's mean |advantage| over its scored tokens (group advantages: |advantage|)."""
+    adv = batch.advantages.detach().float()
+    if adv.dim() == 1:
+        return adv.abs().tolist()
+    mask = batch.mask[:, :adv.shape[1]].to(adv.device)
+    return ((adv.abs() * mask).sum(1) / mask.sum(1).clamp(min=1)).tolist()
 
 
 def rank_share(rows: int, world: int, rank: int) -> tuple[int, int]:
@@ -79,15 +90,18 @@ def padding_row(batch: Batch) -> Batch:
     of its own forwards and backwards it to join the collectives, contributing exactly zero."""
     row = batch.slice(0, 1)
     return Batch(row.input_ids, row.attention_mask, torch.zeros_like(row.mask), row.old_logprobs,
-                 torch.zeros_like(row.advantages), torch.zeros_like(row.rewards))
+                 torch.zeros_like(row.advantages), torch.zeros_like(row.rewards), row.weights)
 
 
 class UpdateLoop:
     """Mixed into `Trainer`, which sets: cfg, tc, model, ref_model, engine, objective,
-    batch_advantage, reward_kl, tokenizer, device, world, state, update_metrics."""
+    batch_advantage, reward_kl, tokenizer, device, world, state, update_metrics, and `sft`
+    (a `consumers.sft_mix.SftSource` with `trainer.sft_mix`, else None)."""
 
-    def train_step(self, samples: list[tuple]) -> dict[str, float]:
-        batch = collate(samples, self.tokenizer.pad_token_id)
+    def train_step(self, samples: list[tuple], weights: list[float] | None = None) -> dict[str, float]:
+        """One step on `samples` (trajectory, advantage, reward); `weights` per sample scale each row's
+        gradient (prioritised replay's importance weights; None: all 1)."""
+        batch = collate(samples, self.tokenizer.pad_token_id, weights)
         temperature = self.cfg.explorer.sampling.temperature or 1.0
         global_tokens, global_seqs = batch.mask.sum(), (batch.mask.sum(1) > 0).sum()
         metrics: dict[str, float] = {}
@@ -101,6 +115,9 @@ class UpdateLoop:
                 metrics["reward_kl"] = float(kl.sum() / batch.mask.sum().clamp(min=1))
             batch.advantages, extra = self.batch_advantage(batch, penalty)
             metrics.update(extra)
+        self.row_abs_advantages = row_abs_advantages(batch)  # the replay buffer's td_error priority
+        sft = getattr(self, "sft", None)
+        self._sft_step = None if sft is None else (sft.batch(self.state.step), sft.mu(self.state.step))
         self.model.train()
         device = next(self.model.parameters()).device
         autocast = torch.autocast(device.type, dtype=getattr(torch, self.tc.autocast or "float32"),
@@ -134,6 +151,10 @@ class UpdateLoop:
             values = [m[key] for m in self.update_metrics if key in m]
             metrics[key] = sum(values) / len(values)
         metrics["updates"] = float(len(self.update_metrics))
+        if self._sft_step is not None:
+            rows = len(batch) + len(self._sft_step[0].input_ids)
+            metrics.update(chord_mu=self._sft_step[1], share_sft=len(self._sft_step[0].input_ids) / rows,
+                           share_rl=len(batch) / rows)
         staleness = [self.state.version - t.model_version for t, _, _ in samples]
         metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
                        staleness_max=float(max(staleness)), samples=float(len(batch)),
@@ -183,8 +204,17 @@ class UpdateLoop:
             # prox spans `batch`'s columns; select() cut this part to its longest row
             part_prox = None if prox is None else prox[[rows[i] for i in part_rows], :part.mask.shape[1]].to(device)
             loss, m = self.objective(logp, part, ref, entropy, tokens, seqs, prox=part_prox)
+            if self._sft_step is not None:  # CHORD: (1 - mu) * RL loss + mu * SFT loss
+                loss = (1 - self._sft_step[1]) * loss
             self.engine.backward(loss)
             for k, v in m.items():  # loss terms add up over micro-batches; the rest by share of rows
                 metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k in ("loss", "policy_loss") else len(part) / len(mini))
+        if self._sft_step is not None:
+            expert, mu = self._sft_step
+            with autocast:
+                logp, _ = token_logprobs(self.model, expert.to(device), 1.0)
+            term = sft_loss(logp, expert.mask.to(device), self.tc.sft_mix.phi)
+            self.engine.backward(mu * term)
+            metrics["sft_loss"] = float(term.detach())
         metrics["grad_norm"] = self.engine.step()
         return metrics

@@ -317,6 +317,39 @@ def partition_ends(cfg: KafkaConfig, topic: str, idle_s: float = 1.0, max_s: flo
         consumer.close()
 
 
+def read_at(cfg: KafkaConfig, locations: list[tuple[str, int, int]], timeout_s: float = 60.0) -> dict[tuple, bytes]:
+    """The values of the records at these (topic, partition, offset)s, read by explicit offset (never
+    by end offsets). A location the log no longer holds (retention) is missing from the result;
+    one not read within `timeout_s` raises."""
+    wanted: dict[tuple[str, int], set[int]] = {}
+    for topic, partition, offset in locations:
+        wanted.setdefault((topic, partition), set()).add(offset)
+    out: dict[tuple, bytes] = {}
+    if not wanted:
+        return out
+    consumer = make_consumer(cfg, None)
+    try:
+        consumer.assign([TopicPartition(t, p, min(offs)) for (t, p), offs in wanted.items()])
+        left = {k: max(offs) for k, offs in wanted.items()}
+        deadline = time.monotonic() + timeout_s
+        while left:
+            if time.monotonic() > deadline:
+                raise KafkaException(f"could not read {sorted(left)} back by offset in {timeout_s} s")
+            for m in consumer.consume(500, timeout=0.5):
+                if m.error() is not None:
+                    if m.error().fatal():
+                        raise KafkaException(m.error())
+                    continue
+                key = (m.topic(), m.partition())
+                if m.offset() in wanted.get(key, ()):
+                    out[(m.topic(), m.partition(), m.offset())] = m.value()
+                if key in left and m.offset() >= left[key]:
+                    del left[key]  # past the last wanted offset: what was not seen is gone
+        return out
+    finally:
+        consumer.close()
+
+
 def committed_offsets(cfg: KafkaConfig, group_id: str, topic: str, partitions: list[int]) -> dict[int, int]:
     """Committed offset per partition for `group_id` (-1 where nothing is committed)."""
     consumer = make_consumer(cfg, group_id)

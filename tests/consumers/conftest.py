@@ -70,6 +70,13 @@ def audit_counts(ckpt_dir: Path) -> Counter:
     return Counter(i for f in (ckpt_dir / "audit").glob("v*.json") for i in json.loads(f.read_text()))
 
 
+def partitions_of(kafka, topic: str) -> set[int]:
+    """The partitions of `topic` that hold records."""
+    from streamrft.infra.kafka import partition_ends
+
+    return {e.partition for e in partition_ends(kafka, topic) if e.end > e.start}
+
+
 @pytest.fixture
 def kit():
     """The helpers above, for test modules (conftest modules are not importable by name)."""
@@ -79,5 +86,6 @@ def kit():
         produce = staticmethod(produce_groups)
         run = staticmethod(run_trainer)
         audit = staticmethod(audit_counts)
+        partitions_of = staticmethod(partitions_of)
 
     return Kit

@@ -123,10 +123,10 @@ def test_upload_overlaps_the_next_step(stack, namespace, trainer_config, kit, mo
 
     step = trainer.train_step
 
-    def train_step(samples):
+    def train_step(samples, weights=None):
         if trainer.state.step == 1:
             step_2.set()
-        return step(samples)
+        return step(samples, weights)
 
     monkeypatch.setattr(weights, "publish_state_dict", held_upload)
     monkeypatch.setattr(trainer, "train_step", train_step)
@@ -174,10 +174,10 @@ def test_a_stop_between_checkpoints_checkpoints_the_last_version(stack, namespac
     trainer = Trainer(cfg)
     step = trainer.train_step
 
-    def train_step(samples):
+    def train_step(samples, weights=None):
         if trainer.state.step == 1:
             trainer.stop.set()  # checked when the loop collects the next batch, after v2 is published
-        return step(samples)
+        return step(samples, weights)
 
     trainer.train_step = train_step
     result = kit.run(cfg, trainer=trainer)

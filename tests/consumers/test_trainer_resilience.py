@@ -31,11 +31,11 @@ def test_trainer_rides_out_a_broker_restart(private_stack, namespace, trainer_co
     in_step_2, resume = threading.Event(), threading.Event()
     step = trainer.train_step
 
-    def held_step(samples):
+    def held_step(samples, weights=None):
         if trainer.state.step == 1:
             in_step_2.set()
             resume.wait(120)
-        return step(samples)
+        return step(samples, weights)
 
     monkeypatch.setattr(trainer, "train_step", held_step)
     outcome: dict = {}

@@ -19,6 +19,11 @@ KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _AGG_KEYS = ("agg_mode", "global_tokens", "global_seqs", "norm_len")
 
 
+def scale_gradient(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`x` in the forward pass, `w * grad` in the backward (w broadcast over x)."""
+    return x.detach() + w * (x - x.detach())
+
+
 def policy_objective(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor | None,
@@ -36,6 +41,7 @@ def policy_objective(
     global_tokens: Count = None,
     global_seqs: Count = None,
     norm_len: int | None = None,
+    sample_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """total = loss_fn(...) + kl_coef * agg(kl_fn(logprobs, ref)) - entropy_coef * agg(entropy).
 
@@ -48,8 +54,15 @@ def policy_objective(
     returned losses over micro-batches and ranks). `kl_fn` is a KL_ESTIMATORS function.
     Metrics: the loss's own, plus policy_loss and loss (this micro-batch's share; sum them over
     micro-batches), kl and entropy (masked means over this micro-batch) when used.
+    `sample_weights` `[B]` (prioritised replay's importance weights) scale each row's gradient, so the
+    gradient is that of sum_b w_b * loss_b (every aggregation is a sum of per-row terms over global
+    counts); forward values, so clip ratios, metrics and the reported loss, are the unweighted ones.
     """
     params = dict(loss_params or {})
+    if sample_weights is not None:
+        w = sample_weights.to(logprobs.dtype).unsqueeze(-1)
+        logprobs = scale_gradient(logprobs, w)
+        entropy = None if entropy is None else scale_gradient(entropy, w)
     clash = [key for key in _AGG_KEYS if key in params]
     if clash:
         raise ValueError(f"pass {clash} to policy_objective directly, not in loss_params")
