@@ -1,4 +1,5 @@
-"""The stream-ops faust app: wiring only (validate -> score -> experiences or DLQ, per record).
+"""The stream-ops faust app: wiring only (validate -> score -> experiences or DLQ, per record; every
+scored group's per-episode rewards -> `<ns>.task-stats` for the explorers' task selection).
 
 Run one worker with `streamrft score run.yaml` or `run_worker(cfg, "w0")`. Every worker of a
 namespace joins the consumer group `<ns>.stream-ops`, so workers share the rollouts partitions and
@@ -43,9 +44,9 @@ import faust
 from confluent_kafka import KafkaException
 
 from streamrft.config import KafkaConfig, RunConfig
-from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, encode,
+from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, TaskOutcome, encode,
                                rollouts_pattern, topic_name)
-from streamrft.stream_ops.scoring import ScoringError, build_scorer
+from streamrft.stream_ops.scoring import Scored, ScoringError, build_scorer
 from streamrft.stream_ops.validate import InvalidRollout, team_of_topic, validate
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ PRODUCER_REQUEST_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 """After a stop begins, the process exits within this long, even while faust waits on a dead broker."""
 
-Scorer = Callable[[RolloutGroup], ExperienceGroup | None]
+Scorer = Callable[[RolloutGroup], "ExperienceGroup | None | Scored"]
 
 
 class Outcome(NamedTuple):
@@ -79,7 +80,9 @@ class Outcome(NamedTuple):
 
     `key`/`value` go to the experiences topic or the DLQ (none when filtered); a group that will
     never be trained (filtered or dead-lettered) also yields `dropped`, the (key, value) of its
-    `GroupDropped` record on the admission topic, which explorers' admission control counts.
+    `GroupDropped` record on the admission topic, which explorers' admission control counts. A
+    scored group, filtered or not, also yields `stats`, the (key, value) of its `TaskOutcome` on the
+    task-stats topic (when the scorer returns a `Scored`), which explorers' task selection reads.
     """
 
     kind: str
@@ -87,6 +90,7 @@ class Outcome(NamedTuple):
     value: bytes | None
     trajectories: int
     dropped: tuple[bytes, bytes] | None = None
+    stats: tuple[bytes, bytes] | None = None
 
 
 class OutputTooLarge(ValueError):
@@ -103,10 +107,18 @@ def route_record(scorer: Scorer, namespace: str, value: bytes | None, key: bytes
     try:
         group = validate(value, expected_team=team_of_topic(topic, namespace))
         stage = "scoring"
-        exp = scorer(group)
+        result = scorer(group)
+        exp, stats = result, None
+        if isinstance(result, Scored):
+            exp = result.experience
+            outcome = TaskOutcome(group_id=group.group_id, task_id=group.task.task_id, team=group.team,
+                                  rewards=result.episode_rewards,
+                                  model_version=max(t.model_version for t in group.trajectories))
+            stats = (outcome.group_id.encode(), encode(outcome))
         if exp is None:
             drop = GroupDropped(group_id=group.group_id, reason="filtered", role=ROLE)
-            return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)))
+            return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)),
+                           stats)
         stage = "encoding the experience"
         exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
         out_key, out_value = exp.group_id.encode(), encode(exp)
@@ -114,7 +126,7 @@ def route_record(scorer: Scorer, namespace: str, value: bytes | None, key: bytes
         if size > max_output_bytes - RECORD_OVERHEAD_BYTES:
             raise OutputTooLarge(f"the experience is {size} bytes; one record may be at most "
                                  f"{max_output_bytes - RECORD_OVERHEAD_BYTES}")
-        return Outcome("experience", out_key, out_value, len(exp.trajectories))
+        return Outcome("experience", out_key, out_value, len(exp.trajectories), None, stats)
     except Exception as e:  # any failure is this record's alone: dead-letter it, never stop the stream
         if isinstance(e, InvalidRollout):
             reason, error_type = _text(e), type(e).__name__
@@ -224,7 +236,7 @@ class StreamOpsApp(faust.App):
 def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer."""
     ns = cfg.namespace
-    scorer = build_scorer(cfg)
+    scorer = build_scorer(cfg, with_rewards=True)
     datadir = Path(cfg.output_dir) / "stream-ops"  # faust insists on one, even with no tables
     datadir.mkdir(parents=True, exist_ok=True)
     app = StreamOpsApp(
@@ -247,6 +259,7 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     dlq = app.topic(topic_name(ns, "dlq"))
     metrics = app.topic(topic_name(ns, "metrics"))
     admission = app.topic(topic_name(ns, "admission"))
+    task_stats = app.topic(topic_name(ns, "task-stats"))
     outputs = {"experience": experiences, "dead_letter": dlq}
     counters = Counters()
     latencies: list[float] = []  # of the records acknowledged since the last metrics report
@@ -288,6 +301,9 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
                 if outcome.dropped is not None:  # durable before the input is acked: a lost one would
                     # hold one group of admission headroom forever
                     delivered.append(await admission.send(key=outcome.dropped[0], value=outcome.dropped[1]))
+                if outcome.stats is not None:  # durable before the input is acked too: every explorer's
+                    # task selection counts each scored group once, restarts included
+                    delivered.append(await task_stats.send(key=outcome.stats[0], value=outcome.stats[1]))
                 await inflight.put((delivered, event, outcome))
                 if acker.done():  # a delivery failed and the worker is going down: take nothing more
                     return

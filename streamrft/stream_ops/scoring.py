@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from streamrft.config import RunConfig
 from streamrft.schemas import ExperienceGroup, RolloutGroup
@@ -151,6 +151,20 @@ def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn
     priority see one reward per episode, and each step gets its episode's advantage, so an episode
     with more steps does not weigh more in the group's baseline.
     """
+    return score_group_outcome(group, rewards, advantage_fn, advantage_params, drop_zero_variance, priority).experience
+
+
+class Scored(NamedTuple):
+    """A scored group: its experience (None when filtered) and one reward per episode, which the
+    task-stats topic carries for filtered groups too (all solved or all failed: what task selection needs)."""
+
+    experience: ExperienceGroup | None
+    episode_rewards: list[float]
+
+
+def score_group_outcome(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
+                        advantage_params: dict, drop_zero_variance: bool, priority: str) -> Scored:
+    """`score_group`, keeping the episode rewards of a filtered group."""
     n = len(group.trajectories)
     components = {term.name: [_term_value(term, group, i) for i in range(n)] for term in rewards}
     totals = [sum(term.weight * components[term.name][i] for term in rewards) for i in range(n)]
@@ -159,17 +173,17 @@ def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn
     episode = _episode_index(group) or list(range(n))
     episode_rewards = _episode_rewards(group, totals, episode)
     if drop_zero_variance and max(episode_rewards) - min(episode_rewards) <= 1e-12:
-        return None
+        return Scored(None, episode_rewards)
     episode_advantages = _advantages(advantage_fn, advantage_params, episode_rewards)
     # broadcast by index rather than engine.algorithms.broadcast_to_steps: no tensor, and steps need not be contiguous
     advantages = [episode_advantages[e] for e in episode]
     prio = group_priority(priority, episode_rewards, episode_advantages)
     if not math.isfinite(prio):
         raise ScoringError(f"priority {priority!r} is {prio} for rewards {totals}")
-    return ExperienceGroup(
+    return Scored(ExperienceGroup(
         group_id=group.group_id, team=group.team, task=group.task, trajectories=group.trajectories,
         rewards=totals, advantages=advantages, reward_components=components, priority=prio,
-    )
+    ), episode_rewards)
 
 
 def resolve_rewards(cfg: RunConfig) -> list[ResolvedReward]:
@@ -203,14 +217,16 @@ def resolve_advantage(cfg: RunConfig) -> tuple[Callable | None, dict]:
     return resolve(ADVANTAGES, name), dict(part.params)
 
 
-def build_scorer(cfg: RunConfig) -> Callable[[RolloutGroup], ExperienceGroup | None]:
-    """Resolve rewards and advantage once; the returned function scores one group."""
+def build_scorer(cfg: RunConfig, with_rewards: bool = False) -> Callable[[RolloutGroup], ExperienceGroup | None | Scored]:
+    """Resolve rewards and advantage once; the returned function scores one group (with
+    `with_rewards`, into a `Scored`: what stream ops need for the task-stats topic)."""
     rewards = resolve_rewards(cfg)
     advantage_fn, params = resolve_advantage(cfg)
     drop = cfg.stream_ops.drop_zero_variance and advantage_fn is not None
     priority = cfg.stream_ops.priority
 
-    def scorer(group: RolloutGroup) -> ExperienceGroup | None:
-        return score_group(group, rewards, advantage_fn, params, drop, priority)
+    def scorer(group: RolloutGroup) -> ExperienceGroup | None | Scored:
+        scored = score_group_outcome(group, rewards, advantage_fn, params, drop, priority)
+        return scored if with_rewards else scored.experience
 
     return scorer
