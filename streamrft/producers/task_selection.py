@@ -124,19 +124,32 @@ class Difficulty:
         self.rng = random.Random(seed)
         self.params = DifficultyParams.model_validate(params)
         self.skipped = 0  # tasks of the last pool at `skip_weight` (a metric)
+        self._cache: dict[int, tuple[tuple[float, ...], float, bool]] = {}
 
     @property
     def window(self) -> int:
         return self.params.window
 
+    def _judge(self, rewards: tuple[float, ...]) -> tuple[float, bool]:
+        # cached by the rewards tuple itself: TaskStats replaces a task's tuple only when an outcome
+        # arrives, so a shard of thousands of tasks costs one dict look-up per task and batch
+        hit = self._cache.get(id(rewards))
+        if hit is None or hit[0] is not rewards:
+            hit = (rewards, difficulty_weight(rewards, self.params), skipped(rewards, self.params))
+            self._cache[id(rewards)] = hit
+        return hit[1], hit[2]
+
     def weights(self, pool: Sequence[Task], stats: TaskStats) -> list[float]:
-        return [difficulty_weight(stats.rewards(t.task_id), self.params) for t in pool]
+        return [self._judge(stats.rewards(t.task_id))[0] for t in pool]
 
     def select(self, pool: Sequence[Task], n: int, stats: TaskStats) -> list[Task]:
         if not pool:
             return []
-        weights = self.weights(pool, stats)
-        self.skipped = sum(skipped(stats.rewards(t.task_id), self.params) for t in pool)
+        if len(self._cache) > 4 * len(pool) + 1024:  # tuples replaced since: drop them
+            self._cache.clear()
+        judged = [self._judge(stats.rewards(t.task_id)) for t in pool]
+        weights = [w for w, _ in judged]
+        self.skipped = sum(skip for _, skip in judged)
         if sum(weights) <= 0:
             return self.rng.choices(pool, k=n)
         return self.rng.choices(pool, weights=weights, k=n)
