@@ -9,9 +9,9 @@ episodes in `explorer.env`) on up to `tasks_per_batch` tasks x `group_size` samp
 publishes every group whole (acks=all), and waits while admission control (`admission.py`) says
 that what all explorers generated already would keep the trainer busy until a group started now
 arrived too stale. Which of its tasks come next is `explorer.task_selector`'s choice
-(`task_selection.py`; the difficulty selector reads every explorer's shared per-task pass rates
-from `<ns>.task-stats`, `task_stats.py`). The holder of slot 0 evaluates each `eval.every_versions`-th version, so the
-eval survives the departure of any one explorer.
+(`task_selection.py`; the difficulty selector reads the per-task pass rates all explorers share
+from `<ns>.task-stats`, `task_stats.py`). The holder of slot 0 evaluates each
+`eval.every_versions`-th version, so the eval survives the departure of any one explorer.
 """
 from __future__ import annotations
 
