@@ -324,6 +324,24 @@ class GroupDropped(Message):
         return cls(group_id=group_id, reason=reason, role=role)
 
 
+class TaskOutcome(Message):
+    """How one scored group of a task went: its episode rewards, for the explorers' task selection.
+
+    Published on `<ns>.task-stats` (compacted) by stream ops for every group they score, those
+    dropped for zero variance included, keyed by `group_id`: explorers fold the whole topic into
+    per-task pass rates (`streamrft.producers.task_selection`) and count each `group_id` once
+    (a redelivered group publishes it again).
+    """
+
+    kind: Literal["task_outcome"] = "task_outcome"
+    group_id: Id = Field(description="the scored group (the record's key)")
+    task_id: Id = Field(description="the group's task")
+    team: Team = "default"
+    rewards: list[float] = Field(min_length=1, max_length=65536,
+                                 description="one total reward per episode (per trajectory in single-turn groups), finite")
+    model_version: Count = Field(0, description="the newest weight version among the group's trajectories")
+
+
 class Metric(Message):
     """A batch of scalar metrics from one role at one step."""
 
@@ -364,7 +382,7 @@ class DeadLetter(Message):
 MESSAGES: dict[str, type[Message]] = {
     m.model_fields["kind"].default: m
     for m in (Task, Trajectory, RolloutGroup, ExperienceGroup, WeightVersion, Metric, DeadLetter, ExplorerLedger,
-              GroupDropped)
+              GroupDropped, TaskOutcome)
 }
 
 # topic role -> message type(s); the full name is f"{namespace}.{role}" (rollouts: ".<team>")
@@ -376,6 +394,7 @@ TOPICS: dict[str, type[Message] | tuple[type[Message], ...]] = {
     "metrics": Metric,
     "dlq": DeadLetter,
     "admission": (ExplorerLedger, GroupDropped),
+    "task-stats": TaskOutcome,
 }
 
 

@@ -22,6 +22,7 @@ from streamrft.schemas import (
     Metric,
     RolloutGroup,
     Task,
+    TaskOutcome,
     Trajectory,
     WeightVersion,
     decode,
@@ -67,6 +68,8 @@ SAMPLES = {
     "explorer_ledger": ExplorerLedger(explorer_id="explorer-0-41-ab12cd34", produced=12, in_flight=4,
                                       in_flight_version=7),
     "group_dropped": GroupDropped(group_id="group-1", reason="filtered", role="stream_ops"),
+    "task_outcome": TaskOutcome(group_id="group-1", task_id="task-1", team="red", rewards=[1.0, 0.25],
+                                model_version=7),
 }
 
 
@@ -196,7 +199,8 @@ def test_topic_name():
     assert topic_name("run1", "rollouts", "red") == "run1.rollouts.red"
     assert topic_name("run1", "rollouts") == "run1.rollouts.default"
     assert {topic_name("ns", role) for role in TOPICS} == {
-        "ns.tasks", "ns.rollouts.default", "ns.experiences", "ns.weights", "ns.metrics", "ns.dlq", "ns.admission"}
+        "ns.tasks", "ns.rollouts.default", "ns.experiences", "ns.weights", "ns.metrics", "ns.dlq", "ns.admission",
+        "ns.task-stats"}
     with pytest.raises(ValueError, match="rollout"):
         topic_name("run1", "rollout")
 

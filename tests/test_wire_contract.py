@@ -21,7 +21,8 @@ import jsonschema
 import msgpack
 
 from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, GroupDropped,
-                               Metric, RolloutGroup, Task, Trajectory, WeightVersion, decode, encode, json_schema)
+                               Metric, RolloutGroup, Task, TaskOutcome, Trajectory, WeightVersion, decode, encode,
+                               json_schema)
 
 # rules only the decoder can check; each maps to why a JSON Schema cannot state it
 DECODER_ONLY = {
@@ -126,6 +127,9 @@ def valid_record(rng: random.Random, kind: str) -> dict:
     elif kind == "group_dropped":
         msg = GroupDropped(group_id=_id(rng), reason=rng.choice(["filtered", "dead_letter", "stale"]),
                            role=rng.choice(["", "trainer", "stream_ops"]))
+    elif kind == "task_outcome":
+        msg = TaskOutcome(group_id=_id(rng), task_id=_id(rng), team=_team(rng),
+                          rewards=[_float(rng) for _ in range(rng.randint(1, 4))], model_version=rng.choice([0, INT64_MAX]))
     else:
         msg = Metric(role="trainer", role_id=_id(rng), step=rng.choice([0, INT64_MAX]),
                      values={_id(rng)[:8]: _float(rng) for _ in range(rng.randrange(4))})
@@ -334,7 +338,7 @@ def test_decoder_and_json_schema_agree():
     diverged: Counter = Counter()
     verdicts: Counter = Counter()
     disagreements = []
-    for i in range(4000):
+    for i in range(6000):
         kind = KINDS[i % len(KINDS)]
         record = valid_record(rng, kind)
         ops: list[str] = []

@@ -18,9 +18,9 @@ from pydantic.fields import FieldInfo
 
 from streamrft.config.base import (_FINITE, ADVANTAGE_TYPES, AGGREGATION_MODES, ALGORITHM_TYPES, ENV_TYPES,
                                    KL_ESTIMATOR_TYPES, OFFLINE_TYPES, POLICY_LOSS_TYPES, REWARD_NAMES,
-                                   WORKFLOW_TYPES, ConfigError, Section, _Loader)
-from streamrft.config.explorer import (DataConfig, EngineConfig, EnvConfig, ExplorerConfig, GatewayConfig,
-                                       GatewayTeam, SamplingConfig)
+                                   TASK_SELECTOR_TYPES, WORKFLOW_TYPES, ConfigError, Section, _Loader)
+from streamrft.config.explorer import (DataConfig, DifficultyParams, EngineConfig, EnvConfig, ExplorerConfig,
+                                       GatewayConfig, GatewayTeam, SamplingConfig, TaskSelectorConfig)
 from streamrft.config.model import LORA_TARGETS, PACKAGED_MODELS, PYPI_SOURCE, LoraSpec, ModelConfig, TinyModelSpec
 from streamrft.config.monitor import LOGGER_BACKENDS, DashboardConfig, MonitorConfig, PrometheusConfig
 from streamrft.config.stack import KafkaConfig, S3Config, StackConfig
@@ -29,12 +29,13 @@ from streamrft.config.trainer import (AlgorithmConfig, DeepSpeedConfig, KLConfig
                                       ReplayConfig, SftMixConfig, TrainerConfig, WeightSyncConfig)
 
 __all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES", "KL_ESTIMATOR_TYPES", "LOGGER_BACKENDS", "LORA_TARGETS",
-           "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES", "WORKFLOW_TYPES",
-           "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "EngineConfig", "EnvConfig", "EvalConfig",
+           "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES", "TASK_SELECTOR_TYPES",
+           "WORKFLOW_TYPES",
+           "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "DifficultyParams", "EngineConfig", "EnvConfig", "EvalConfig",
            "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
            "PartConfig", "PrometheusConfig", "ReplayBufferConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config",
-           "SamplingConfig", "Section", "SftMixConfig",
-           "StackConfig", "StageConfig", "StreamOpsConfig", "TinyModelSpec", "TrainerConfig", "WeightSyncConfig",
+           "SamplingConfig", "Section", "SftMixConfig", "StackConfig", "StageConfig", "StreamOpsConfig",
+           "TaskSelectorConfig", "TinyModelSpec", "TrainerConfig", "WeightSyncConfig",
            "apply_overrides", "dump_config", "load_config", "parse_config"]
 
 
@@ -99,6 +100,15 @@ class RunConfig(Section):
         names = [t.name for t in self.gateway.teams]
         if len(set(names)) != len(names):
             raise ValueError(f"gateway.teams: team names repeat ({names})")
+        return self
+
+    @model_validator(mode="after")
+    def _task_selector(self) -> "RunConfig":
+        sel = self.explorer.task_selector
+        if self.data.source == "topic" and (sel.import_path or sel.type != "sequential"):
+            raise ValueError(f"explorer.task_selector: {sel.import_path or sel.type!r} needs data.source='file' "
+                             f"(got 'topic': tasks on the topic are taken once each, in order); allowed with a "
+                             f"topic: 'sequential'")
         return self
 
     @model_validator(mode="after")

@@ -1,7 +1,7 @@
 """What every config section shares: the base class, the error, YAML 1.2 floats, and the names of
 registered parts (plain tuples, so validating a config never imports torch; tests check they match
 the registries in `streamrft.engine.algorithms`, `streamrft.stream_ops.rewards`,
-`streamrft.producers.workflows` and `streamrft.producers.envs`)."""
+`streamrft.producers.workflows`, `streamrft.producers.envs` and `streamrft.producers.task_selection`)."""
 from __future__ import annotations
 
 import re
@@ -19,6 +19,7 @@ OFFLINE_TYPES = ("sft", "dpo", "kto")
 REWARD_NAMES = ("exact_match", "math_verify", "format", "reverse", "weighted_mix", "judge", "reward_model", "env")
 WORKFLOW_TYPES = ("single_turn", "multi_turn", "step_wise")  # streamrft.producers.workflows.WORKFLOWS
 ENV_TYPES = ("guess_number", "calculator")  # streamrft.producers.envs.ENVIRONMENTS
+TASK_SELECTOR_TYPES = ("sequential", "random", "difficulty")  # streamrft.producers.task_selection.SELECTORS
 
 _PORT = {"ge": 1, "le": 65535}
 _FINITE = {"allow_inf_nan": False}

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from streamrft.config.base import _FINITE, _PORT, ENV_TYPES, WORKFLOW_TYPES, Section, _choice
+from streamrft.config.base import _FINITE, _PORT, ENV_TYPES, TASK_SELECTOR_TYPES, WORKFLOW_TYPES, Section, _choice
 
 
 class DataConfig(Section):
@@ -70,6 +70,66 @@ class EnvConfig(Section):
         return self
 
 
+class DifficultyParams(Section):
+    """`explorer.task_selector.params` of the `difficulty` selector (`producers/task_selection.py`)."""
+
+    min_attempts: int = Field(16, ge=1)
+    """Episodes of a task scored (within `window`) before it may be skipped as always or never solved."""
+    pass_threshold: float | None = Field(1.0, **_FINITE)
+    """An episode passes when its total reward is >= this (1.0: full credit). None: its reward,
+    clipped to [0, 1], is its success (partial credit counts; solved = 1, failed = 0)."""
+    window: int = Field(64, ge=1)
+    """The newest episodes of each task that count: older outcomes are forgotten, so a task the
+    policy outgrows (or grows into) moves between skipped and learnable."""
+    skip_weight: float = Field(0.01, ge=0, le=0.25, **_FINITE)
+    """Sampling weight kept by a skipped task (a learnable one has p(1-p), at most 0.25): above 0 it
+    is revisited now and then, so its pass rate stays current. 0: never, while others remain."""
+
+    @model_validator(mode="after")
+    def _window(self) -> "DifficultyParams":
+        if self.min_attempts > self.window:
+            raise ValueError(f"min_attempts={self.min_attempts} is more than window={self.window}: no task could "
+                             f"ever be skipped")
+        return self
+
+
+class TaskSelectorConfig(Section):
+    """Which of its tasks an explorer generates next (`streamrft.producers.task_selection`)."""
+
+    type: str = "sequential"
+    """`sequential`: the file in order (shuffled each epoch by `data.shuffle`); `random`: uniform
+    draws, seeded; `difficulty`: favours tasks solved about half the time, from the per-task pass
+    rates every explorer reads from `<ns>.task-stats`."""
+    import_path: str | None = None
+    """`pkg.module:factory` for your own selector, called as `factory(seed=..., **params)`; wins over `type`."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """The selector's settings: for `difficulty` the fields of `DifficultyParams`; for yours, its keyword arguments."""
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        return _choice(v, TASK_SELECTOR_TYPES, "type")
+
+    @model_validator(mode="after")
+    def _params(self) -> "TaskSelectorConfig":
+        if self.import_path:
+            return self
+        if self.type == "difficulty":
+            try:
+                DifficultyParams.model_validate(self.params)
+            except ValidationError as e:
+                err = e.errors()[0]
+                where = ".".join(["params", *(str(p) for p in err["loc"])])
+                bounds = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+                msg = " and ".join(f"must be {bounds[k]} {v}" for k, v in (err.get("ctx") or {}).items() if k in bounds)
+                msg = msg or err["msg"].removeprefix("Value error, ")
+                got = f"got {err['input']!r}; " if err["loc"] else ""
+                raise ValueError(f"{where}: {msg} ({got}difficulty params: {list(DifficultyParams.model_fields)})") from None
+        elif self.params:
+            raise ValueError(f"params: the {self.type!r} selector takes none (got {sorted(self.params)})")
+        return self
+
+
 class ExplorerConfig(Section):
     num_explorers: int = Field(2, ge=0)
     """Explorers `streamrft run` starts. Explorers may join and leave a run at will: task shards
@@ -107,6 +167,9 @@ class ExplorerConfig(Section):
     torch_threads: int = Field(1, ge=1)
     max_groups: int | None = Field(None, ge=1)
     """Stop after publishing this many groups (None = until the run ends)."""
+    task_selector: TaskSelectorConfig = Field(default_factory=TaskSelectorConfig)
+    """Which task next: `{type: sequential | random | difficulty, params}` or `{import_path, params}`
+    (docs/curriculum.md). Tasks from a file only: with `data.source: topic`, tasks come in topic order."""
 
     @field_validator("workflow")
     @classmethod

@@ -230,6 +230,9 @@ def run_topics(cfg: KafkaConfig, namespace: str, teams: list[str] | tuple[str, .
         # record proves they have read everything before it); compaction keeps the newest ledger
         # of each explorer process and one record per dropped group
         topic_name(namespace, "admission"): (1, {"cleanup.policy": "compact"}),
+        # every explorer folds it whole from offset 0 into per-task pass rates (task selection);
+        # keyed by group_id, so compaction drops only redelivered copies of a group's outcome
+        topic_name(namespace, "task-stats"): (1, {"cleanup.policy": "compact"}),
     }
     for team in teams:
         specs[topic_name(namespace, "rollouts", team)] = (cfg.partitions, keep)

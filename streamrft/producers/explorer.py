@@ -8,9 +8,12 @@ joins or leaves. Each runs its workflow (`explorer.workflow`: single-turn sample
 episodes in `explorer.env`) on up to `tasks_per_batch` tasks x `group_size` samples at a time,
 publishes every group whole (acks=all), and waits while admission control (`admission.py`) says
 that what all explorers generated already would keep the trainer busy until a group started now
-arrived too stale. The held-out eval runs in a role of its own (`evaluator.py`); with
-`eval.runner: explorer` the holder of slot 0 evaluates each `eval.every_versions`-th version between
-its generations, so the eval survives the departure of any one explorer.
+arrived too stale. Which of its tasks come next is `explorer.task_selector`'s choice
+(`task_selection.py`; the difficulty selector reads the per-task pass rates all explorers share
+from `<ns>.task-stats`, `task_stats.py`). The held-out eval runs in a role of its own
+(`evaluator.py`); with `eval.runner: explorer` the holder of slot 0 evaluates each
+`eval.every_versions`-th version between its generations, so the eval survives the departure of any
+one explorer.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.admission import explorer_share, groups_per_version, headroom
 from streamrft.producers.admission_log import AdmissionLog
 from streamrft.producers.membership import Membership
+from streamrft.producers.task_selection import TaskStats, make_selector, uses_stats
+from streamrft.producers.task_stats import TaskStatsReader
 from streamrft.producers.tasks import load_task_file, make_task_source
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.producers.workflows import make_workflow
@@ -103,8 +108,14 @@ class Explorer:
 
     def run(self) -> dict:
         cfg, ex = self.cfg, self.cfg.explorer
-        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=cfg.data.seed * 1000 + self.index)
+        seed = cfg.data.seed * 1000 + self.index
+        selector = make_selector(ex.task_selector, seed, cfg.data.shuffle)
+        stats = TaskStats(getattr(selector, "window", 64))
+        reader = TaskStatsReader(cfg.kafka, cfg.namespace, stats) if uses_stats(ex.task_selector) else None
+        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=seed, selector=selector, stats=stats)
         workflow = make_workflow(ex)
+        if reader is not None:
+            reader.start()
         self.members.start()
         self.watcher.start()
         self.admission.start()
@@ -142,6 +153,8 @@ class Explorer:
                     self.stats["admission_waits"] += 1
                     self._wait(0.05, "admission_wait_s")
                     continue
+                if reader is not None and reader.failed is not None:
+                    raise RuntimeError("the task-stats reader stopped") from reader.failed
                 batch = tasks.take(n, slots, self.members.num_slots)
                 if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
                     self.admission.end(0)
@@ -165,13 +178,16 @@ class Explorer:
                                   "traj_per_s": self.stats["trajectories"] / (last_metric - t_start),
                                   "version": self.engine.version, "swaps": self.stats["swaps"],
                                   "slots": len(slots), "admission_waits": self.stats["admission_waits"],
-                                  "run_generated": generated, "run_dropped": dropped, **self._timings(t_start)})
+                                  "run_generated": generated, "run_dropped": dropped, **self._timings(t_start),
+                                  "task_stats_groups": stats.groups, "tasks_skipped": getattr(selector, "skipped", 0)})
                 if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
                     break
         finally:
             self.members.stop()  # leave the group first: the others take our slots at once
             self.watcher.stop()
             self.admission.stop()
+            if reader is not None:
+                reader.stop()
             tasks.close()
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                           "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"],

@@ -39,26 +39,48 @@ def make_demo_tasks(
     min_len: int = MIN_LEN,
     max_len: int = MAX_LEN,
     letters: str = LETTERS,
+    trivial_frac: float = 0.0,
+    impossible_frac: float = 0.0,
 ) -> list[dict]:
     """`n` tasks `{"task_id", "prompt", "answer"}` of `split` ("train" or "eval").
 
     Strings repeat only by chance (the train split is large); lengths are uniform in
-    [min_len, max_len]. Deterministic in (n, seed, split, lengths, letters).
+    [min_len, max_len]. Deterministic in (n, seed, split, lengths, letters, fractions).
+
+    A task-selection demo mixes difficulties into the train split (eval stays plain): a
+    `trivial_frac` share of one-letter strings (the answer is the string itself), an
+    `impossible_frac` share whose answer is a random string of the same letters, not the reversal
+    (mislabelled: nothing in the prompt tells it). Each row of a mix names its `kind`
+    (trivial / impossible / learnable), which becomes the task's `metadata.kind`.
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
     if not 1 <= min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+    if not (0.0 <= trivial_frac and 0.0 <= impossible_frac and trivial_frac + impossible_frac <= 1.0):
+        raise ValueError(f"need trivial_frac, impossible_frac >= 0 with a sum <= 1, got {trivial_frac}, {impossible_frac}")
     bad = set(letters) - set(LETTERS)
     if bad:
         raise ValueError(f"letters {sorted(bad)} are outside the tokenizer's alphabet {LETTERS!r}")
     rng = random.Random(f"{split}:{seed}")
+    mixed = split == "train" and (trivial_frac > 0 or impossible_frac > 0)
     rows = []
     while len(rows) < n:
         word = "".join(rng.choice(letters) for _ in range(rng.randint(min_len, max_len)))
         if split_of(word) != split:
             continue
-        rows.append({"task_id": f"rev-{split}-{seed}-{len(rows)}", "prompt": make_prompt(word), "answer": word[::-1]})
+        row = {"task_id": f"rev-{split}-{seed}-{len(rows)}", "prompt": make_prompt(word), "answer": word[::-1]}
+        if mixed:
+            draw, kind = rng.random(), "learnable"
+            if draw < trivial_frac:
+                kind, letter = "trivial", rng.choice(letters)
+                row.update(prompt=make_prompt(letter), answer=letter)
+            elif draw < trivial_frac + impossible_frac:
+                kind = "impossible"
+                while row["answer"] == word[::-1]:
+                    row["answer"] = "".join(rng.choice(letters) for _ in word)
+            row["kind"] = kind
+        rows.append(row)
     return rows
 
 

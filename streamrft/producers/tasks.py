@@ -1,15 +1,16 @@
 """Where explorers get tasks: a local dataset file (JSONL or Parquet, through HF `datasets`) or
 the run's tasks topic. Explorers reading one file take the tasks of the slots they hold now
 (`membership.py`), so their shards stay disjoint while explorers come and go; on the topic, its
-consumer group shares the tasks out. Both sources answer `take(n, slots, num_slots)`."""
+consumer group shares the tasks out. Both sources answer `take(n, slots, num_slots)`; which of a
+file's tasks come next is the selector's choice (`task_selection.py`, `explorer.task_selector`)."""
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from streamrft.config import DataConfig, KafkaConfig
+from streamrft.producers.task_selection import Sequential, TaskStats
 from streamrft.schemas import DecodeError, Task, decode, topic_name
 
 
@@ -55,30 +56,20 @@ def slot_tasks(tasks: list[Task], slots: frozenset[int], num_slots: int) -> list
 
 
 class FileTasks:
-    """Cycles over the tasks of the slots held now, reshuffled every epoch; a new slot set starts
-    a new epoch over its own tasks. No slot (or only empty ones): no task."""
+    """The tasks of the slots held now, chosen by a selector (`task_selection.py`; default: cycled in
+    file order, reshuffled every epoch). No slot (or only empty ones): no task."""
 
-    def __init__(self, tasks: list[Task], shuffle: bool, seed: int):
-        self.tasks, self.shuffle = tasks, shuffle
-        self.rng = random.Random(seed)
+    def __init__(self, tasks: list[Task], shuffle: bool, seed: int, selector=None, stats: TaskStats | None = None):
+        self.tasks = tasks
+        self.selector = selector if selector is not None else Sequential(seed, shuffle)
+        self.stats = stats if stats is not None else TaskStats()
         self._slots: frozenset[int] | None = None
         self._mine: list[Task] = []
-        self._order: list[Task] = []
-        self._pos = 0
 
     def take(self, n: int, slots: frozenset[int], num_slots: int) -> list[Task]:
-        if slots != self._slots:
+        if slots != self._slots:  # a new list: selectors start over on a new pool
             self._slots, self._mine = slots, slot_tasks(self.tasks, slots, num_slots)
-            self._order, self._pos = [], 0
-        out = []
-        while len(out) < n and self._mine:
-            if self._pos == len(self._order):
-                self._order, self._pos = list(self._mine), 0
-                if self.shuffle:
-                    self.rng.shuffle(self._order)
-            out.append(self._order[self._pos])
-            self._pos += 1
-        return out
+        return list(self.selector.select(self._mine, n, self.stats))[:n] if self._mine else []
 
     def close(self) -> None:
         pass
@@ -114,10 +105,11 @@ class TopicTasks:
 
 
 def make_task_source(data: DataConfig, kafka: KafkaConfig, namespace: str, seed: int,
-                     on_bad=None) -> FileTasks | TopicTasks:
+                     on_bad=None, selector=None, stats: TaskStats | None = None) -> FileTasks | TopicTasks:
+    """Tasks of `data`: a file's through `selector` (default sequential) with `stats`, or the topic's in order."""
     if data.source == "topic":
         return TopicTasks(kafka, namespace, on_bad)
     if not data.train:
         raise ValueError("data.train must name a task file when data.source is 'file'")
     tasks = load_task_file(data.train, data.prompt_key, data.answer_key)
-    return FileTasks(tasks, data.shuffle, seed)
+    return FileTasks(tasks, data.shuffle, seed, selector, stats)

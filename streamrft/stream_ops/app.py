@@ -1,4 +1,5 @@
-"""The stream-ops faust app: wiring only (validate -> score -> experiences or DLQ, per record).
+"""The stream-ops faust app: wiring only (validate -> score -> experiences or DLQ, per record; every
+scored group's per-episode rewards -> `<ns>.task-stats` for the explorers' task selection).
 
 Run one worker with `streamrft score run.yaml` or `run_worker(cfg, "w0")`. Every worker of a
 namespace joins the consumer group `<ns>.stream-ops`, so workers share the rollouts partitions and
@@ -46,9 +47,9 @@ import faust
 from confluent_kafka import KafkaException
 
 from streamrft.config import KafkaConfig, RunConfig
-from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, encode,
+from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, TaskOutcome, encode,
                                rollouts_pattern, topic_name)
-from streamrft.stream_ops.scoring import ScoringError, build_scorer
+from streamrft.stream_ops.scoring import Scored, ScoringError, build_scorer
 from streamrft.stream_ops.validate import InvalidRollout, team_of_topic, validate
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ PRODUCER_REQUEST_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 """After a stop begins, the process exits within this long, even while faust waits on a dead broker."""
 
-Scorer = Callable[[RolloutGroup], ExperienceGroup | None]
-AsyncScorer = Callable[[RolloutGroup], Awaitable[ExperienceGroup | None]]
+Scorer = Callable[[RolloutGroup], "ExperienceGroup | None | Scored"]
+AsyncScorer = Callable[[RolloutGroup], Awaitable["ExperienceGroup | None | Scored"]]
 
 
 class Outcome(NamedTuple):
@@ -83,7 +84,9 @@ class Outcome(NamedTuple):
 
     `key`/`value` go to the experiences topic or the DLQ (none when filtered); a group that will
     never be trained (filtered or dead-lettered) also yields `dropped`, the (key, value) of its
-    `GroupDropped` record on the admission topic, which explorers' admission control counts.
+    `GroupDropped` record on the admission topic, which explorers' admission control counts. A
+    scored group, filtered or not, also yields `stats`, the (key, value) of its `TaskOutcome` on the
+    task-stats topic (when the scorer returns a `Scored`), which explorers' task selection reads.
     """
 
     kind: str
@@ -91,6 +94,7 @@ class Outcome(NamedTuple):
     value: bytes | None
     trajectories: int
     dropped: tuple[bytes, bytes] | None = None
+    stats: tuple[bytes, bytes] | None = None
 
 
 class OutputTooLarge(ValueError):
@@ -129,18 +133,26 @@ async def route_record_async(scorer: AsyncScorer, namespace: str, value: bytes |
         return _failed(e, stage, value, key, topic, partition, offset)
 
 
-def _scored(group: RolloutGroup, exp: ExperienceGroup | None, topic: str, partition: int, offset: int,
+def _scored(group: RolloutGroup, result: "ExperienceGroup | None | Scored", topic: str, partition: int, offset: int,
             max_output_bytes: int) -> Outcome:
+    exp, stats = result, None
+    if isinstance(result, Scored):
+        exp = result.experience
+        outcome = TaskOutcome(group_id=group.group_id, task_id=group.task.task_id, team=group.team,
+                              rewards=result.episode_rewards,
+                              model_version=max(t.model_version for t in group.trajectories))
+        stats = (outcome.group_id.encode(), encode(outcome))
     if exp is None:
         drop = GroupDropped(group_id=group.group_id, reason="filtered", role=ROLE)
-        return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)))
+        return Outcome("filtered", None, None, len(group.trajectories), (drop.group_id.encode(), encode(drop)),
+                       stats)
     exp.source_topic, exp.source_partition, exp.source_offset = topic, partition, offset
     out_key, out_value = exp.group_id.encode(), encode(exp)
     size = len(out_key) + len(out_value)
     if size > max_output_bytes - RECORD_OVERHEAD_BYTES:
         raise OutputTooLarge(f"the experience is {size} bytes; one record may be at most "
                              f"{max_output_bytes - RECORD_OVERHEAD_BYTES}")
-    return Outcome("experience", out_key, out_value, len(exp.trajectories))
+    return Outcome("experience", out_key, out_value, len(exp.trajectories), None, stats)
 
 
 def _failed(e: Exception, stage: str, value: bytes | None, key: bytes | None, topic: str, partition: int,
@@ -254,7 +266,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
     """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer
     (each Metric also handed to `observe`: the worker's Prometheus endpoint)."""
     ns = cfg.namespace
-    scorer = build_scorer(cfg)
+    scorer = build_scorer(cfg, with_rewards=True)
     datadir = Path(cfg.output_dir) / "stream-ops"  # faust insists on one, even with no tables
     datadir.mkdir(parents=True, exist_ok=True)
     app = StreamOpsApp(
@@ -277,6 +289,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
     dlq = app.topic(topic_name(ns, "dlq"))
     metrics = app.topic(topic_name(ns, "metrics"))
     admission = app.topic(topic_name(ns, "admission"))
+    task_stats = app.topic(topic_name(ns, "task-stats"))
     outputs = {"experience": experiences, "dead_letter": dlq}
     counters = Counters()
     latencies: list[float] = []  # of the records acknowledged since the last metrics report
@@ -311,6 +324,9 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
             if outcome.dropped is not None:  # durable before the input is acked: a lost one would
                 # hold one group of admission headroom forever
                 delivered.append(await admission.send(key=outcome.dropped[0], value=outcome.dropped[1]))
+            if outcome.stats is not None:  # durable before the input is acked too: every explorer's
+                # task selection counts each scored group once, restarts included
+                delivered.append(await task_stats.send(key=outcome.stats[0], value=outcome.stats[1]))
             return delivered, outcome
 
         def finished(task: asyncio.Task) -> None:

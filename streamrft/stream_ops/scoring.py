@@ -26,7 +26,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from streamrft.config import RunConfig
 from streamrft.schemas import ExperienceGroup, RolloutGroup
@@ -166,6 +166,24 @@ def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn
                 advantage_params: dict, drop_zero_variance: bool, priority: str,
                 slow_values: dict[str, list[float]] | None = None) -> ExperienceGroup | None:
     """Score one group; None when its rewards are all equal and `drop_zero_variance` is on.
+    (`score_group_outcome` keeps a filtered group's episode rewards too.)"""
+    return score_group_outcome(group, rewards, advantage_fn, advantage_params, drop_zero_variance, priority,
+                               slow_values).experience
+
+
+class Scored(NamedTuple):
+    """A scored group: its experience (None when filtered) and one reward per episode, which the
+    task-stats topic carries for filtered groups too (all solved or all failed: what task selection needs)."""
+
+    experience: ExperienceGroup | None
+    episode_rewards: list[float]
+
+
+def score_group_outcome(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
+                        advantage_params: dict, drop_zero_variance: bool, priority: str,
+                        slow_values: dict[str, list[float]] | None = None) -> Scored:
+    """Score one group: its experience, None when its rewards are all equal and `drop_zero_variance`
+    is on, and its episode rewards either way.
 
     `slow_values`: each slow term's values, computed beforehand (`slow_terms.slow_components`);
     when not given, they are computed here in a private event loop (never call this inside one then).
@@ -186,17 +204,17 @@ def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn
     episode = _episode_index(group) or list(range(n))
     episode_rewards = _episode_rewards(group, totals, episode)
     if drop_zero_variance and max(episode_rewards) - min(episode_rewards) <= 1e-12:
-        return None
+        return Scored(None, episode_rewards)
     episode_advantages = _advantages(advantage_fn, advantage_params, episode_rewards)
     # broadcast by index rather than engine.algorithms.broadcast_to_steps: no tensor, and steps need not be contiguous
     advantages = [episode_advantages[e] for e in episode]
     prio = group_priority(priority, episode_rewards, episode_advantages)
     if not math.isfinite(prio):
         raise ScoringError(f"priority {priority!r} is {prio} for rewards {totals}")
-    return ExperienceGroup(
+    return Scored(ExperienceGroup(
         group_id=group.group_id, team=group.team, task=group.task, trajectories=group.trajectories,
         rewards=totals, advantages=advantages, reward_components=components, priority=prio,
-    )
+    ), episode_rewards)
 
 
 @lru_cache(maxsize=None)
@@ -247,11 +265,13 @@ class Scorer:
     """The worker's scorer: `await scorer.ascore(group)` inside an event loop (slow terms run
     concurrently, blocking ones in this scorer's thread pool), `scorer(group)` outside one.
 
-    `stats["fallbacks"]` counts trajectories scored with a term's fallback value.
+    `stats["fallbacks"]` counts trajectories scored with a term's fallback value. With `with_rewards`
+    it returns a `Scored` (stream ops: the task-stats topic needs a filtered group's rewards too).
     """
 
     def __init__(self, rewards: list[ResolvedReward], advantage_fn: Callable | None, advantage_params: dict,
-                 drop_zero_variance: bool, priority: str, threads: int = 32):
+                 drop_zero_variance: bool, priority: str, threads: int = 32, with_rewards: bool = False):
+        self.with_rewards = with_rewards
         self.rewards, self.advantage_fn, self.advantage_params = rewards, advantage_fn, advantage_params
         self.drop, self.priority = drop_zero_variance, priority
         self.slow = [t for t in rewards if t.slow]
@@ -259,17 +279,18 @@ class Scorer:
         self.pool = (ThreadPoolExecutor(threads, thread_name_prefix="reward")
                      if any(t.kind == "blocking" for t in rewards) else None)
 
-    def _score(self, group: RolloutGroup, slow_values: dict | None) -> ExperienceGroup | None:
-        return score_group(group, self.rewards, self.advantage_fn, self.advantage_params, self.drop, self.priority,
-                           slow_values)
+    def _score(self, group: RolloutGroup, slow_values: dict | None) -> ExperienceGroup | None | Scored:
+        scored = score_group_outcome(group, self.rewards, self.advantage_fn, self.advantage_params, self.drop,
+                                     self.priority, slow_values)
+        return scored if self.with_rewards else scored.experience
 
-    async def ascore(self, group: RolloutGroup) -> ExperienceGroup | None:
+    async def ascore(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
         from streamrft.stream_ops.slow_terms import slow_components
 
         slow = await slow_components(group, self.slow, self.pool, self.stats) if self.slow else {}
         return self._score(group, slow)
 
-    def __call__(self, group: RolloutGroup) -> ExperienceGroup | None:
+    def __call__(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
         if not self.slow:
             return self._score(group, {})
         return asyncio.run(self.ascore(group))
@@ -279,8 +300,10 @@ class Scorer:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def build_scorer(cfg: RunConfig) -> Scorer:
-    """Resolve rewards and advantage once; the returned scorer scores one group."""
+def build_scorer(cfg: RunConfig, with_rewards: bool = False) -> Scorer:
+    """Resolve rewards and advantage once; the returned scorer scores one group (with `with_rewards`,
+    into a `Scored`: what stream ops need for the task-stats topic)."""
     advantage_fn, params = resolve_advantage(cfg)
     drop = cfg.stream_ops.drop_zero_variance and advantage_fn is not None
-    return Scorer(resolve_rewards(cfg), advantage_fn, params, drop, cfg.stream_ops.priority, cfg.stream_ops.threads)
+    return Scorer(resolve_rewards(cfg), advantage_fn, params, drop, cfg.stream_ops.priority, cfg.stream_ops.threads,
+                  with_rewards)

@@ -138,6 +138,25 @@ def test_a_group_never_trained_is_announced_to_admission_control_and_an_experien
     assert out.kind == "experience" and out.dropped is None
 
 
+def test_every_scored_group_yields_its_task_outcome_filtered_ones_too_and_a_dead_letter_none():
+    """The task-stats record (explorers' task selection) carries one reward per episode: an
+    all-solved group, which stream ops filter, is exactly what the difficulty selector needs."""
+    from streamrft.schemas import TaskOutcome, decode, encode
+    from streamrft.stream_ops.app import route_record
+
+    scorer = build_scorer(cfg(stream_ops={"rewards": [{"name": "exact_match"}]}), with_rewards=True)
+    group = make_group(["4", " 4", "4"])
+    out = route_record(scorer, "ns", encode(group), b"g1", "ns.rollouts.default", 0, 3)
+    stat = decode(out.stats[1], TaskOutcome)
+    assert out.kind == "filtered" and out.stats[0] == b"g1"
+    assert (stat.group_id, stat.task_id, stat.rewards, stat.model_version) == ("g1", "t1", [1.0, 1.0, 1.0], 0)
+    out = route_record(scorer, "ns", encode(make_group(["4", "5"])), b"g1", "ns.rollouts.default", 0, 4)
+    assert out.kind == "experience" and decode(out.stats[1]).rewards == [1.0, 0.0]
+    assert route_record(scorer, "ns", b"junk", b"g2", "ns.rollouts.default", 0, 5).stats is None
+    # the plain scorer (what other callers use) is unchanged: an experience or None
+    assert build_scorer(cfg())(group) is None
+
+
 def test_non_finite_reward_is_an_error():
     with pytest.raises(ScoringError, match="returned nan"):
         score_group(make_group(["4"]), [ResolvedReward("nan", lambda r, a: float("nan"))], None, {}, False, "fifo")

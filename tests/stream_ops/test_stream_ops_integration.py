@@ -2,7 +2,8 @@
 
 Good groups come out on experiences with the right rewards and advantages, malformed records land
 on the DLQ with reason, source topic and offset without stalling their partition, zero-variance
-groups are filtered and counted in the metrics; a second worker started after the first one
+groups are filtered and counted in the metrics, every scored group's rewards (filtered ones too)
+reach the task-stats topic; a second worker started after the first one
 stopped resumes from the committed offsets. When the broker dies under a worker, its sends fail
 and it exits non-zero within a bound instead of acking; after the broker is back, workers (one
 stopped by SIGTERM mid-stream) redo what was not committed and every group comes out.
@@ -27,8 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamrft.infra.kafka import (committed_offsets, ensure_topics, flush_or_raise, make_consumer, make_producer,
                                    partition_ends, run_topics)
-from streamrft.schemas import DeadLetter, ExperienceGroup, Metric, RolloutGroup, Task, Trajectory, decode, encode, topic_name
+from streamrft.schemas import (DeadLetter, ExperienceGroup, Metric, RolloutGroup, Task, TaskOutcome, Trajectory, decode,
+                               encode, topic_name)
 from streamrft.stream_ops.app import STOP_GRACE_S
+from tests_helpers import read_all
 
 ANSWER = "4"
 BULK = 1000
@@ -188,6 +191,12 @@ def test_stream_ops_end_to_end_and_resume(stack, namespace, tmp_path):
             assert (d.source_topic, d.source_partition, d.source_offset) == where[label]
             assert d.error_type == "InvalidRollout" and d.role == "stream_ops"
         assert {m.role_id for m in out.metrics} == {"w1"} and out.metrics[-1].values["groups_per_s"] >= 0
+        # every scored group's episode rewards went to the task-stats topic, the filtered one included
+        outcomes = {o.group_id: o for o in (decode(m.value(), TaskOutcome)
+                                            for m in read_all(kafka, topic_name(namespace, "task-stats")))}
+        assert set(outcomes) == set(good) | {"zero-var"}
+        assert outcomes["zero-var"].rewards == [1.0, 1.0] and outcomes["r2"].rewards == [1.0, 0.0, 1.0, 1.0]
+        assert outcomes["r2"].task_id == "task-r2"
 
         # the clean stop committed everything it had acknowledged: the next worker starts after it
         group = f"{namespace}.stream-ops"

@@ -1,0 +1,56 @@
+"""An explorer's reader of `<ns>.task-stats`: every scored group's episode rewards, into `TaskStats`.
+
+Stream ops publish one `TaskOutcome` per scored group, the zero-variance groups they drop
+included (all solved or all failed: exactly what the difficulty selector needs), keyed by group_id.
+A thread reads the topic whole from offset 0 (never from `latest`: the embedded broker's end
+offsets are wrong), so every explorer folds the same records and a restarted one rebuilds its
+stats from the log. Tansu may not compact; `TaskStats` counts each group_id once either way.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from confluent_kafka import TopicPartition
+
+from streamrft.config import KafkaConfig
+from streamrft.infra.kafka import decoded, ensure_topics, make_consumer, run_topics
+from streamrft.producers.task_selection import TaskStats
+from streamrft.schemas import TaskOutcome, topic_name
+
+log = logging.getLogger(__name__)
+
+
+class TaskStatsReader:
+    """Folds `<ns>.task-stats` into `self.stats` in a background thread, from `start` to `stop`."""
+
+    def __init__(self, kafka: KafkaConfig, namespace: str, stats: TaskStats):
+        self.kafka, self.namespace, self.stats = kafka, namespace, stats
+        self.topic = topic_name(namespace, "task-stats")
+        self.failed: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="task-stats", daemon=True)
+
+    def start(self) -> "TaskStatsReader":
+        ensure_topics(self.kafka, {self.topic: run_topics(self.kafka, self.namespace)[self.topic]})
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        consumer = make_consumer(self.kafka, None)
+        try:
+            meta = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in sorted(meta.partitions)])
+            while not self._stop.is_set():
+                for _, outcome in decoded(consumer.consume(1000, timeout=0.5), self.topic, TaskOutcome):
+                    self.stats.add(outcome)
+        except BaseException as e:  # selection goes on with what was read; the explorer reports it
+            self.failed = e
+            log.error("task-stats reader stopped: %s: %s", type(e).__name__, e)
+        finally:
+            consumer.close()
