@@ -52,7 +52,7 @@ def test_weighted_mix():
 
 
 def test_registry_and_resolve():
-    assert set(REWARDS) == {"exact_match", "math_verify", "format", "reverse", "weighted_mix"}
+    assert set(REWARDS) == {"exact_match", "math_verify", "format", "reverse", "weighted_mix", "code_tests"}
     assert resolve_reward("reverse") is reverse_reward
     assert resolve_reward(None, "streamrft.stream_ops.rewards.reverse:reverse_reward") is reverse_reward
     with pytest.raises(ValueError, match="exact_match"):  # the message lists the allowed names

@@ -20,6 +20,7 @@ import importlib
 import inspect
 from typing import Callable
 
+from streamrft.stream_ops.rewards.code_tests import code_tests
 from streamrft.stream_ops.rewards.exact_match import exact_match
 from streamrft.stream_ops.rewards.format import format_reward
 from streamrft.stream_ops.rewards.math_verify import math_verify_reward
@@ -34,6 +35,7 @@ REWARDS: dict[str, RewardFn] = {
     "format": format_reward,
     "reverse": reverse_reward,
     "weighted_mix": weighted_mix,
+    "code_tests": code_tests,
 }
 
 
