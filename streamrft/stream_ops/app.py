@@ -45,6 +45,7 @@ from confluent_kafka import KafkaException
 from streamrft.config import KafkaConfig, RunConfig
 from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, encode,
                                rollouts_pattern, topic_name)
+from streamrft.stream_ops.ops import build_cleaning
 from streamrft.stream_ops.scoring import ScoringError, build_scorer
 from streamrft.stream_ops.validate import InvalidRollout, team_of_topic, validate
 
@@ -224,7 +225,8 @@ class StreamOpsApp(faust.App):
 def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
     """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer."""
     ns = cfg.namespace
-    scorer = build_scorer(cfg)
+    cleaning = build_cleaning(cfg)  # stream_ops.ops: drop trajectories or dead-letter before scoring
+    scorer = cleaning.wrap(build_scorer(cfg))
     datadir = Path(cfg.output_dir) / "stream-ops"  # faust insists on one, even with no tables
     datadir.mkdir(parents=True, exist_ok=True)
     app = StreamOpsApp(
@@ -312,6 +314,7 @@ def make_app(cfg: RunConfig, worker_id: str) -> faust.App:
             values.update(latency_p50_s=ordered[len(ordered) // 2], latency_max_s=ordered[-1])
             latencies.clear()
         values["score_s"] = busy["score_s"]
+        values.update(cleaning.metrics())  # counted when processed (a redone record counts again)
         last.update(t=now, groups=counters.groups, trajectories=counters.trajectories, step=last["step"] + 1)
         metric = Metric(role=ROLE, role_id=worker_id, step=last["step"], values=values)
         await metrics.send(key=worker_id.encode(), value=encode(metric))
