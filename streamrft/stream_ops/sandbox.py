@@ -25,7 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-NOBODY = 65534
+SETUP_FAILED = 70
+"""The runner's exit status when it cannot make its mounts (EX_SOFTWARE)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,8 @@ def _result(stdout: str, stderr: str, nonce: str, total: int, returncode: int, t
         except ValueError:
             continue
         verdicts.setdefault(int(v["i"]), v)  # the first verdict of a test counts
+    if not verdicts and ("unshare failed" in stderr or returncode == SETUP_FAILED):  # the code never ran: no score
+        raise SandboxUnavailable(f"the sandbox could not be set up (exit {returncode}): {stderr.strip()[-300:]}")
     if -1 in verdicts:
         return SandboxResult(0, total, verdicts[-1]["error"])
     passed = sum(1 for i in range(total) if verdicts.get(i, {}).get("ok") is True)

@@ -117,3 +117,13 @@ def test_code_tests_reward_reads_tests_from_the_task():
     assert code_tests.blocking is True
     with pytest.raises(ValueError, match="no tests"):
         code_tests("x = 1", "")
+
+
+def test_no_namespaces_means_no_run(monkeypatch):
+    """Where the sandbox cannot be made, the code never runs unconfined: the reward raises."""
+    from streamrft.stream_ops import sandbox
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no `unshare` to be found
+    with pytest.raises(sandbox.SandboxUnavailable, match="unshare"):
+        run_tests("open('ran', 'w')", ["assert True"], FAST)
+    assert not Path("ran").exists()
