@@ -1,6 +1,7 @@
-"""Cleaning ops in a real stream-ops worker on the embedded stack: a duplicate and a too-long
-response are dropped from their group (reasons on the experience, counts on the worker's metrics),
-and a task that leaks its answer in the prompt is dead-lettered with the op's reason."""
+"""Cleaning ops and the code_tests reward in a real stream-ops worker on the embedded stack: a
+duplicate and a too-long response are dropped from their group (reasons on the experience, counts
+on the worker's metrics), the rest is scored by running its code in the sandbox (one response
+tries the network), and a task that leaks its answer in the prompt is dead-lettered."""
 from __future__ import annotations
 
 import yaml
@@ -9,7 +10,10 @@ from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, 
 from streamrft.schemas import encode, topic_name
 from tests.stream_ops.test_stream_ops_integration import Outputs, make_group, start_worker, stop_worker
 
-DUP = "I think the answer to two plus two is four because two and two make four"
+RIGHT = "```python\ndef f():\n    return 4\n```"
+DUP = "Two plus two:\n```python\ndef f():\n    # two and two make five, I am sure of it\n    return 5\n```"
+NETWORK = "```python\nimport socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\ndef f():\n    return 4\n```"
+LONG = RIGHT + "\n" + "Because two and two make four. " * 4
 
 
 def test_cleaning_ops_in_the_worker(stack, namespace, tmp_path):
@@ -19,15 +23,17 @@ def test_cleaning_ops_in_the_worker(stack, namespace, tmp_path):
     config.write_text(yaml.safe_dump({
         "namespace": namespace, "output_dir": str(tmp_path / "out"), "model": {"path": "unused"},
         "stack": {"embedded": False}, "kafka": kafka.model_dump(),
-        "stream_ops": {"rewards": [{"name": "exact_match"}], "ops": [
-            {"type": "length", "params": {"max_chars": 100}},
+        "stream_ops": {"rewards": [{"name": "code_tests", "params": {"wall_s": 20}}], "ops": [
+            {"type": "length", "params": {"max_chars": 150}},
             {"type": "dedup", "params": {"min_words": 5}},
             {"type": "prompt_copy"},
         ]},
     }))
     rollouts = topic_name(namespace, "rollouts", "default")
     producer = make_producer(kafka)
-    producer.produce(rollouts, encode(make_group("clean", "default", ["4", DUP, "5", DUP + "  ", "4 " * 60])), b"clean")
+    clean = make_group("clean", "default", [RIGHT, DUP, NETWORK, DUP + "  ", LONG])
+    clean.task.answer = "assert f() == 4"
+    producer.produce(rollouts, encode(clean), b"clean")
     leaked = make_group("leak", "default", ["4", "5"])
     leaked.task.prompt, leaked.task.answer = "The secret is 98765. What is the secret?", "98765"
     producer.produce(rollouts, encode(leaked), b"leak")
@@ -45,7 +51,7 @@ def test_cleaning_ops_in_the_worker(stack, namespace, tmp_path):
     out.close()
     (exp,) = out.experiences
     assert [t.traj_id for t in exp.trajectories] == ["clean-0", "clean-1", "clean-2"]
-    assert exp.dropped == {"clean-4": "length: 120 chars > max_chars 100",
+    assert exp.dropped == {"clean-4": f"length: {len(LONG)} chars > max_chars 150",
                            "clean-3": "dedup: exact duplicate of trajectory clean-1"}
     assert exp.rewards == [1.0, 0.0, 0.0]
     (dead,) = out.dead
