@@ -19,7 +19,7 @@ SLEEPY = Limits(cpu_s=1, wall_s=2, memory_mb=256, processes=16)
 
 
 def sandbox_processes() -> list[tuple]:
-    """Live processes of the sandbox user, and the test process's own children."""
+    """Live processes of the sandbox user, and the test process's own children (pid, name, uid)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -30,7 +30,7 @@ def sandbox_processes() -> list[tuple]:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         if fields["Uid"].split()[0] == "65534" or int(fields["PPid"]) == os.getpid():
-            pids.append((int(entry), fields["Name"].strip(), fields["Uid"].split()[0], fields["State"].strip()))
+            pids.append((int(entry), fields["Name"].strip(), fields["Uid"].split()[0]))
     return pids
 
 
@@ -63,10 +63,12 @@ def test_code_tests_scores_every_kind_of_response(name, code, expected, reason):
     assert result.fraction == pytest.approx(expected), result
     assert result.total == 3
     assert reason in result.reason, result
-    assert sandbox_processes() == before == [], f"{name}: stray processes {sandbox_processes()}"
+    assert sandbox_processes() == before, f"{name}: stray processes"  # the stack's servers may be children
+    assert not [p for p in before if p[2] == "65534"]
 
 
 def test_no_network_and_no_writes_outside(tmp_path):
+    before = sandbox_processes()
     # a server on the host's loopback: a sandboxed connect must not reach it
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -100,7 +102,7 @@ def test_no_network_and_no_writes_outside(tmp_path):
     assert "test 0: OSError: [Errno 101]" in result.reason and "test 1: FileNotFoundError" in result.reason
     assert "test 3: PermissionError" in result.reason
     assert accepted == [] and not outside.exists() and not shared_tmp.exists() and not in_repo.exists()
-    assert sandbox_processes() == []
+    assert sandbox_processes() == before
 
 
 def _accept(server: socket.socket) -> list:
