@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from typing import TYPE_CHECKING
 
-from datasketch import MinHash, MinHashLSH
+if TYPE_CHECKING:  # datasketch pulls in scipy (~0.6 s): imported when a dedup op is made
+    from datasketch import MinHash
 
 
 def normalise(text: str) -> str:
@@ -20,6 +22,8 @@ def normalise(text: str) -> str:
 
 
 def minhash(text: str, shingle: int, num_perm: int) -> MinHash:
+    from datasketch import MinHash
+
     words = normalise(text).split()
     m = MinHash(num_perm=num_perm)
     for i in range(max(len(words) - shingle + 1, 1)):
@@ -33,6 +37,8 @@ def make(threshold: float = 0.8, shingle: int = 3, num_perm: int = 64, min_words
         raise ValueError(f"threshold={threshold!r} must be in (0, 1]")
     if shingle < 1 or num_perm < 16 or window < 1 or min_words < 0:
         raise ValueError("shingle >= 1, num_perm >= 16, window >= 1 and min_words >= 0 are required")
+    from datasketch import MinHashLSH
+
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
     exact: dict[str, str] = {}  # hash of (prompt, normalised text) -> traj_id of its first copy
     order: deque[tuple[str, str]] = deque()  # (exact key, lsh key), oldest first
