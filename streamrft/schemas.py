@@ -257,6 +257,8 @@ class ExperienceGroup(Message):
     rewards: list[float] = Field(description="one per trajectory")
     advantages: list[float] = Field(description="one per trajectory")
     reward_components: dict[str, list[float]] = Field(default_factory=dict)
+    dropped: dict[str, str] = Field(default_factory=dict, description="trajectories the cleaning ops removed "
+                                    "from the group: traj_id -> 'op: reason' (docs/cleaning.md)")
     priority: float = 0.0
     source_topic: TopicName = ""
     source_partition: Partition = -1

@@ -16,8 +16,8 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from streamrft.config.base import (_FINITE, ADVANTAGE_TYPES, AGGREGATION_MODES, ALGORITHM_TYPES, ENV_TYPES,
-                                   KL_ESTIMATOR_TYPES, OFFLINE_TYPES, POLICY_LOSS_TYPES, REWARD_NAMES,
+from streamrft.config.base import (_FINITE, ADVANTAGE_TYPES, AGGREGATION_MODES, ALGORITHM_TYPES, CLEANING_OP_TYPES,
+                                   ENV_TYPES, KL_ESTIMATOR_TYPES, OFFLINE_TYPES, POLICY_LOSS_TYPES, REWARD_NAMES,
                                    TASK_SELECTOR_TYPES, WORKFLOW_TYPES, ConfigError, Section, _Loader)
 from streamrft.config.explorer import (DataConfig, DifficultyParams, EngineConfig, EnvConfig, ExplorerConfig,
                                        GatewayConfig, GatewayTeam, SamplingConfig, TaskSelectorConfig)
@@ -29,8 +29,8 @@ from streamrft.config.trainer import (AlgorithmConfig, DeepSpeedConfig, KLConfig
                                       ReplayConfig, SftMixConfig, TrainerConfig, WeightSyncConfig)
 
 __all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES", "KL_ESTIMATOR_TYPES", "LOGGER_BACKENDS", "LORA_TARGETS",
-           "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES", "TASK_SELECTOR_TYPES",
-           "WORKFLOW_TYPES",
+           "CLEANING_OP_TYPES", "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES",
+           "TASK_SELECTOR_TYPES", "WORKFLOW_TYPES",
            "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "DifficultyParams", "EngineConfig", "EnvConfig", "EvalConfig",
            "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
            "PartConfig", "PrometheusConfig", "ReplayBufferConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config",

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from streamrft.config.base import _FINITE, REWARD_NAMES, Section, _choice
+from streamrft.config.base import _FINITE, CLEANING_OP_TYPES, REWARD_NAMES, Section, _choice
 
 
 class RewardTerm(Section):
@@ -42,6 +42,30 @@ class RewardTerm(Section):
         return self
 
 
+class CleaningOp(Section):
+    """One data cleaning op (docs/cleaning.md): a `type` from `streamrft.stream_ops.ops.OPS`, or your own."""
+
+    import_path: str | None = None
+    """`pkg.module:make` for your own op factory; wins over `type`."""
+    type: str | None = None
+    """One of length, repetition, charset, dedup, prompt_copy."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the op's `make` (checked when the worker builds it)."""
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("import_path"):
+            return v
+        return _choice(v, CLEANING_OP_TYPES, "type")
+
+    @model_validator(mode="after")
+    def _named(self) -> "CleaningOp":
+        if not self.type and not self.import_path:
+            raise ValueError(f"a cleaning op needs `type` (one of {list(CLEANING_OP_TYPES)}) or `import_path`")
+        return self
+
+
 class StreamOpsConfig(Section):
     rewards: list[RewardTerm] = Field(default_factory=lambda: [RewardTerm(name="exact_match")], min_length=1)
     drop_zero_variance: bool = True
@@ -51,3 +75,5 @@ class StreamOpsConfig(Section):
     threads: int = Field(32, ge=1, le=1024)
     """Threads per worker for blocking rewards (local models, sandboxes): how many calls run at
     once; a local model batches the calls waiting together."""
+    ops: list[CleaningOp] = Field(default_factory=list)
+    """Data cleaning ops, applied in order to each group before scoring (docs/cleaning.md)."""

@@ -266,7 +266,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
     """The faust app of one worker: one agent over every team's rollouts topic, a metrics timer
     (each Metric also handed to `observe`: the worker's Prometheus endpoint)."""
     ns = cfg.namespace
-    scorer = build_scorer(cfg, with_rewards=True)
+    scorer = build_scorer(cfg, with_rewards=True)  # with stream_ops.ops run before scoring
     datadir = Path(cfg.output_dir) / "stream-ops"  # faust insists on one, even with no tables
     datadir.mkdir(parents=True, exist_ok=True)
     app = StreamOpsApp(
@@ -383,6 +383,8 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
             latencies.clear()
         values["score_s"] = busy["score_s"]  # summed over records scoring at once: may exceed wall time
         values["reward_fallbacks"] = scorer.stats["fallbacks"]
+        if scorer.cleaning is not None:
+            values.update(scorer.cleaning.metrics())  # counted when processed (a redone record counts again)
         last.update(t=now, groups=counters.groups, trajectories=counters.trajectories, step=last["step"] + 1)
         metric = Metric(role=ROLE, role_id=worker_id, step=last["step"], values=values)
         if observe is not None:

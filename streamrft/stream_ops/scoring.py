@@ -270,8 +270,10 @@ class Scorer:
     """
 
     def __init__(self, rewards: list[ResolvedReward], advantage_fn: Callable | None, advantage_params: dict,
-                 drop_zero_variance: bool, priority: str, threads: int = 32, with_rewards: bool = False):
+                 drop_zero_variance: bool, priority: str, threads: int = 32, with_rewards: bool = False,
+                 cleaning=None):
         self.with_rewards = with_rewards
+        self.cleaning = cleaning  # stream_ops.ops (`ops.Cleaning`), run before scoring; None: no ops
         self.rewards, self.advantage_fn, self.advantage_params = rewards, advantage_fn, advantage_params
         self.drop, self.priority = drop_zero_variance, priority
         self.slow = [t for t in rewards if t.slow]
@@ -279,21 +281,30 @@ class Scorer:
         self.pool = (ThreadPoolExecutor(threads, thread_name_prefix="reward")
                      if any(t.kind == "blocking" for t in rewards) else None)
 
-    def _score(self, group: RolloutGroup, slow_values: dict | None) -> ExperienceGroup | None | Scored:
+    def _score(self, group: RolloutGroup, slow_values: dict | None, dropped: dict) -> ExperienceGroup | None | Scored:
         scored = score_group_outcome(group, self.rewards, self.advantage_fn, self.advantage_params, self.drop,
                                      self.priority, slow_values)
+        if scored.experience is not None and dropped:
+            scored.experience.dropped = dropped  # what the cleaning ops took out, and why
         return scored if self.with_rewards else scored.experience
+
+    def _clean(self, group: RolloutGroup) -> tuple[RolloutGroup | None, dict]:
+        return self.cleaning.apply(group) if self.cleaning is not None else (group, {})
 
     async def ascore(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
         from streamrft.stream_ops.slow_terms import slow_components
 
+        group, dropped = self._clean(group)
+        if group is None:  # the ops left fewer than 2 trajectories: filtered, no task outcome
+            return None
         slow = await slow_components(group, self.slow, self.pool, self.stats) if self.slow else {}
-        return self._score(group, slow)
+        return self._score(group, slow, dropped)
 
     def __call__(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
-        if not self.slow:
-            return self._score(group, {})
-        return asyncio.run(self.ascore(group))
+        if self.slow:
+            return asyncio.run(self.ascore(group))
+        group, dropped = self._clean(group)
+        return None if group is None else self._score(group, {}, dropped)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -305,5 +316,10 @@ def build_scorer(cfg: RunConfig, with_rewards: bool = False) -> Scorer:
     into a `Scored`: what stream ops need for the task-stats topic)."""
     advantage_fn, params = resolve_advantage(cfg)
     drop = cfg.stream_ops.drop_zero_variance and advantage_fn is not None
+    cleaning = None
+    if cfg.stream_ops.ops:  # stream_ops.ops: drop trajectories or dead-letter the record before scoring
+        from streamrft.stream_ops.ops import build_cleaning
+
+        cleaning = build_cleaning(cfg)
     return Scorer(resolve_rewards(cfg), advantage_fn, params, drop, cfg.stream_ops.priority, cfg.stream_ops.threads,
-                  with_rewards)
+                  with_rewards, cleaning)

@@ -52,7 +52,8 @@ def test_weighted_mix():
 
 
 def test_registry_and_resolve():
-    assert set(REWARDS) == {"exact_match", "math_verify", "format", "reverse", "weighted_mix", "judge", "reward_model"}
+    assert set(REWARDS) == {"exact_match", "math_verify", "format", "reverse", "weighted_mix", "judge", "reward_model",
+                            "code_tests"}
     assert resolve_reward("reverse") is reverse_reward
     assert resolve_reward(None, "streamrft.stream_ops.rewards.reverse:reverse_reward") is reverse_reward
     with pytest.raises(ValueError, match="exact_match"):  # the message lists the allowed names
@@ -80,4 +81,6 @@ def test_reward_context_is_the_keyword_parameters_task_and_trajectory():
     assert reward_context(task_only) == ("task",)
     assert reward_context(kwargs_only) == ()
     assert reward_context(positional_only) == ()
-    assert all(reward_context(fn) == () for fn in REWARDS.values())  # every built-in keeps the plain call
+    # every built-in keeps the plain call, but code_tests, which may read its tests from task.metadata
+    assert all(reward_context(fn) == () for name, fn in REWARDS.items() if name != "code_tests")
+    assert reward_context(REWARDS["code_tests"]) == ("task",)

@@ -41,6 +41,7 @@ import importlib
 import inspect
 from typing import Callable
 
+from streamrft.stream_ops.rewards.code_tests import code_tests
 from streamrft.stream_ops.rewards.exact_match import exact_match
 from streamrft.stream_ops.rewards.format import format_reward
 from streamrft.stream_ops.rewards.judge import make_judge
@@ -59,6 +60,7 @@ REWARDS: dict[str, RewardFn] = {
     "weighted_mix": weighted_mix,
     "judge": make_judge,
     "reward_model": make_reward_model,
+    "code_tests": code_tests,
 }
 
 
