@@ -115,8 +115,8 @@ def test_pipeline_through_route_record():
     run = cfg([{"type": "length", "params": {"max_chars": 10}},
                {"import_path": "tests.stream_ops.test_ops:drop_second", "params": {"why": "said so"}},
                {"type": "prompt_copy"}], drop_zero_variance=False)
-    cleaning = build_cleaning(run)
-    scorer = cleaning.wrap(build_scorer(run))
+    scorer = build_scorer(run)  # the worker's scorer runs the config's ops before scoring
+    cleaning = scorer.cleaning
 
     def route(g: RolloutGroup):
         return route_record(scorer, "ns", encode(g), g.group_id.encode(), "ns.rollouts.default", 0, 7)
