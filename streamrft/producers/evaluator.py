@@ -76,12 +76,7 @@ class Evaluator:
         self.watcher.start()
         try:
             while not self.stop.is_set():
-                ready = self.watcher.take()
-                if ready is not None:
-                    version, state, lora = ready
-                    t0 = time.monotonic()
-                    self.engine.load_weights(state, version, lora)
-                    self.stats["load_s"] += time.monotonic() - t0
+                self.stats["load_s"] += self.watcher.swap_into(self.engine) or 0.0
                 if due(self.engine.version, last, self.cfg.eval.every_versions):
                     last = self.engine.version
                     self.evaluate()

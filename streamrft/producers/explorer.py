@@ -123,12 +123,9 @@ class Explorer:
         last_metric, t_start = time.monotonic(), time.monotonic()
         try:
             while not self.stop.is_set():
-                ready = self.watcher.take()
-                if ready is not None:
-                    version, state, lora = ready
-                    t0 = time.monotonic()
-                    self.engine.load_weights(state, version, lora)
-                    self.stats["load_s"] += time.monotonic() - t0
+                load_s = self.watcher.swap_into(self.engine)
+                if load_s is not None:
+                    self.stats["load_s"] += load_s
                     self.stats["swaps"] += 1
                 slots = self.members.slots
                 if not slots or not self.admission.caught_up.is_set():

@@ -71,6 +71,17 @@ class WeightsWatcher:
             self._loaded_version = ready[0]
         return ready
 
+    def swap_into(self, engine) -> float | None:
+        """Load the newest verified version not yet taken into `engine` (its live weights); the
+        seconds that took, or None when there was none."""
+        ready = self.take()
+        if ready is None:
+            return None
+        version, state, lora = ready
+        t0 = time.monotonic()
+        engine.load_weights(state, version, lora)
+        return time.monotonic() - t0
+
     def _newest(self, msgs) -> int | None:
         newest = None
         for _, wv in decoded(msgs, self.topic, WeightVersion):
