@@ -62,7 +62,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -174,30 +173,12 @@ def trl_side(a, model_dir: str, train: str, eval_path: str, workdir: str) -> dic
 # ---------------------------------------------------------------------------------------- streamrft
 
 
-def free_ports(n_base: int = 9) -> tuple[int, int, int]:
-    """A free Kafka port, S3 port and a base of `n_base` consecutive free ports (SeaweedFS): this run's
-    stack must not meet another one on the machine."""
-    def free(p: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-                return True
-            except OSError:
-                return False
-
-    import random
-
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(40000, 60000)
-        if all(free(p) for p in range(base, base + n_base + 2)):
-            return base + n_base, base + n_base + 1, base
-    raise RuntimeError("no free ports")
-
-
 def streamrft_side(a, model_dir: str, train: str, eval_path: str, workdir: str) -> dict:
     """`streamrft run CONFIG` from the prepared checkpoint; its eval and version times from its TensorBoard log."""
-    kafka, s3, weed = free_ports()
+    from streamrft.infra.stack import free_ports
+
+    ports = free_ports()
+    kafka, s3, weed = ports["kafka_port"], ports["s3_port"], ports["weed_port_base"]
     overrides = [f"model.path={model_dir}", "stages=[]", f"data.train={train}", f"data.eval={eval_path}",
                  f"output_dir={workdir}/streamrft", f"stack.data_dir={workdir}/stack", f"stack.kafka_port={kafka}",
                  f"stack.s3_port={s3}", f"stack.weed_port_base={weed}", f"trainer.max_steps={a.steps}",

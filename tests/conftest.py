@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from streamrft.config import KafkaConfig, S3Config
-from streamrft.infra.stack import S3_KEY, EmbeddedStack, StackState, free_ports
+from streamrft.infra.stack import S3_KEY, EmbeddedStack, StackError, StackState, free_ports
 
 BUCKET = "weights"
 
@@ -39,9 +39,17 @@ class StackHandle:
 @contextmanager
 def running_stack(data_dir: Path) -> Iterator[StackHandle]:
     """Start an embedded stack under `data_dir` on free ports; stop exactly its PIDs afterwards."""
-    es = EmbeddedStack(data_dir, buckets=(BUCKET,), **free_ports())
+    for attempt in range(3):
+        es = EmbeddedStack(data_dir / f"try{attempt}" if attempt else data_dir, buckets=(BUCKET,), **free_ports())
+        try:
+            state = es.up()
+            break
+        except StackError as e:
+            # another process bound one of the picked ports between the check and the server's bind
+            es.down()
+            if "address already in use" not in str(e) or attempt == 2:
+                raise
     try:
-        state = es.up()
         yield StackHandle(
             embedded=es,
             kafka=KafkaConfig(bootstrap=state.kafka),

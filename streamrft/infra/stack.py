@@ -87,8 +87,19 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports; a server port picked inside it can
+    be taken by any client connection between the check and the bind."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(host: str = "127.0.0.1") -> dict[str, int]:
-    """Ports for a private stack (tests, benchmarks): kafka, s3 and a free block of 9 for weed."""
+    """Ports for a private stack (tests, benchmarks): kafka, s3 and a free block of 9 for weed, all
+    below the ephemeral range, so no client's source port lands on them while the stack starts."""
     import random
 
     def free(port: int) -> bool:
@@ -99,12 +110,16 @@ def free_ports(host: str = "127.0.0.1") -> dict[str, int]:
             except OSError:
                 return False
 
+    lo, hi = ephemeral_port_range()
+    top = lo - 16 if lo > 12000 else 65500
+    bottom = 10000 if lo > 12000 else hi + 16
     rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 60000, 16)
+    for _ in range(500):
+        base = rng.randrange(bottom, top, 16)
         block = list(range(base, base + 11))
         if all(free(p) for p in block):
             return {"kafka_port": base + 9, "s3_port": base + 10, "weed_port_base": base}
+    raise StackError(f"no block of 11 free ports between {bottom} and {top} on {host}")
 
 
 class EmbeddedStack:
