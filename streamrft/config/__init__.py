@@ -57,6 +57,14 @@ class StageConfig(Section):
     steps: int = Field(100, ge=1)
     batch_size: int = Field(16, ge=1)
     lr: float = Field(1e-3, gt=0, **_FINITE)
+    warmup_steps: int = Field(0, ge=0)
+    """Steps of linear learning-rate warm-up from 0 to `lr`."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: `lr` throughout, or a cosine decay to `min_lr_ratio` * `lr` at the last step."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    max_grad_norm: float | None = Field(None, gt=0, **_FINITE)
+    """Clip the gradient's global norm to this; None = no clipping."""
+    weight_decay: float = Field(0.0, ge=0, **_FINITE)
     data: dict[str, Any] = Field(default_factory=dict)
     """Synthetic-data settings or a `path` to a JSONL of prompt/completion pairs."""
 

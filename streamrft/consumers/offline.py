@@ -208,7 +208,10 @@ def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tup
         on_step = None if logger is None else \
             (lambda step, loss: logger.log(Metric.of_finite("stage", str(index), step, {"loss": loss})))
         losses = sft_on_sequences(model, tokenizer, sequences, steps=stage.steps, batch_size=stage.batch_size,
-                                  lr=stage.lr, seed=seed, on_step=on_step, desc=f"stage {index} ({stage.type})")
+                                  lr=stage.lr, seed=seed, on_step=on_step, desc=f"stage {index} ({stage.type})",
+                                  warmup_steps=stage.warmup_steps, schedule=stage.schedule,
+                                  min_lr_ratio=stage.min_lr_ratio, max_grad_norm=stage.max_grad_norm,
+                                  weight_decay=stage.weight_decay)
     log.info("sft stage: %d steps, loss %.4f -> %.4f", stage.steps, losses[0], losses[-1])
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -5,6 +5,7 @@ model in place and returns the loss of every step.
 """
 from __future__ import annotations
 
+import math
 import random
 from typing import Callable
 
@@ -56,6 +57,23 @@ def sft_warmup(
                             batch_size=batch_size, lr=lr, seed=seed, weight_decay=weight_decay)
 
 
+def lr_factor(step: int, steps: int, warmup_steps: int = 0, schedule: str = "constant",
+              min_lr_ratio: float = 0.1) -> float:
+    """The learning rate's multiplier at optimizer step `step` (from 0) of `steps`.
+
+    >>> [round(lr_factor(i, 10, 2, "cosine", 0.0), 3) for i in (0, 1, 2, 6, 10)]
+    [0.5, 1.0, 1.0, 0.5, 0.0]
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"schedule={schedule!r} is not one of ['constant', 'cosine']")
+    done = min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
+
+
 def sft_on_sequences(
     model: torch.nn.Module,
     tokenizer,
@@ -67,10 +85,16 @@ def sft_on_sequences(
     weight_decay: float = 0.0,
     on_step: Callable[[int, float], None] | None = None,
     desc: str = "sft",
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    min_lr_ratio: float = 0.1,
+    max_grad_norm: float | None = None,
 ) -> list[float]:
     """`sft_warmup` on token sequences with their masks (e.g. multi-turn demonstrations, whose
     environment turns are masked out); returns the loss of each step, and passes each (step from
-    1, loss) to `on_step` (the stage's metric logger). A progress bar named `desc` on a terminal."""
+    1, loss) to `on_step` (the stage's metric logger). A progress bar named `desc` on a terminal.
+    The learning rate warms up linearly over `warmup_steps`, then stays (`constant`) or decays
+    (`cosine`) to `min_lr_ratio` * `lr`; `max_grad_norm` clips the gradient."""
     from streamrft.monitor.bars import bar
 
     if not sequences:
@@ -78,6 +102,7 @@ def sft_on_sequences(
     rng = random.Random(seed)
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, steps, warmup_steps, schedule, min_lr_ratio))
     was_training = model.training
     model.train()
     losses = []
@@ -87,7 +112,10 @@ def sft_on_sequences(
             loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             opt.step()
+            sched.step()
             losses.append(loss.item())
             if on_step is not None:
                 on_step(step, losses[-1])

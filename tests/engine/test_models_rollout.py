@@ -15,7 +15,7 @@ from streamrft.engine.models import (  # noqa: E402
 )
 from streamrft.engine.rollout import SamplingParams, make_engine  # noqa: E402
 from streamrft.engine.rollout.hf import TransformersEngine  # noqa: E402
-from streamrft.engine.sft import _batch, pair_sequence, sft_warmup  # noqa: E402
+from streamrft.engine.sft import _batch, lr_factor, pair_sequence, sft_warmup  # noqa: E402
 from streamrft.producers.synthetic import ALPHABET  # noqa: E402
 
 PROMPTS = ["rev abc=", "rev hgfedc=", "rev a="]  # different lengths: exercises left padding
@@ -140,6 +140,17 @@ def test_sft_warmup_learns_completion_only(model_dir):
     ids, mask, labels = _batch(tok, [pair_sequence(tok, "rev ab=", "ba")])
     assert (labels != -100).sum().item() == 3
     assert labels[0, -3:].tolist() == tok("ba", add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+
+def test_lr_factor_warms_up_then_holds_or_decays_by_cosine():
+    # warm-up over 4 steps: 1/4, 2/4, 3/4, 4/4 of lr
+    assert [lr_factor(i, 10, 4) for i in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    # cosine over the 6 steps after the warm-up, to min_lr_ratio 0.2: cos(pi/2) at the middle gives
+    # 0.2 + 0.8 * 0.5 = 0.6, and 0.2 at and after the last step
+    cos = [lr_factor(i, 10, 4, "cosine", 0.2) for i in (4, 7, 10, 12)]
+    assert cos == pytest.approx([1.0, 0.6, 0.2, 0.2])
+    with pytest.raises(ValueError, match="schedule='linear'"):
+        lr_factor(5, 10, 0, "linear")
 
 
 def test_explorer_engine_dtype_overrides_the_model_dtype(model_dir):
