@@ -59,8 +59,9 @@ def prepare_model(cfg: RunConfig) -> None:
 
 
 def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
-    """A stage's (prompt, completion) pairs: a JSONL `path`, or the synthetic task's warm-up pairs
-    (`complete_frac` of them with the full answer, the rest with only its first letter)."""
+    """A stage's (prompt, completion) pairs: a JSONL `path`; with `judge: {template}`, the reversal
+    judge's lessons (`producers.judge_data`); or the synthetic task's warm-up pairs (`complete_frac`
+    of them with the full answer, the rest with only its first letter)."""
     from streamrft.producers.synthetic import make_warmup_pairs
 
     data = stage.data
@@ -69,6 +70,11 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
         return [(r["prompt"], r["completion"]) for r in rows]
     spec = {**(cfg.data.synthetic or {}), **data.get("synthetic", {})}
     lens = {k: spec[k] for k in ("min_len", "max_len") if k in spec}
+    if "judge" in data:
+        from streamrft.producers.judge_data import JUDGE_TEMPLATE, make_judge_pairs
+
+        return make_judge_pairs(data.get("size", 500), seed=data.get("seed", 0),
+                                template=(data["judge"] or {}).get("template", JUDGE_TEMPLATE), **lens)
     return make_warmup_pairs(data.get("size", 500), seed=data.get("seed", 0),
                              complete_frac=data.get("complete_frac", 1.0), **lens)
 

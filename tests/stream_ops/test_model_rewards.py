@@ -129,3 +129,18 @@ def test_local_reward_model_batches_across_records_and_padding_changes_nothing(t
         assert all(0.0 < v < 1.0 for v in together[0] + together[1])
     scorer.close()
 
+
+
+def test_a_local_judge_reads_every_character_of_its_prompt(tmp_path):
+    # AutoTokenizer loads a char tokenizer as the model type's own class, which drops spaces and
+    # newlines: a judge would then read "Expected:dcbaGot:dcba"; the judge loads it as the policy does
+    from streamrft.engine.models import build_char_tokenizer, build_tiny_model
+    from streamrft.stream_ops.rewards.local_model import LocalLM
+
+    tok = build_char_tokenizer("abcd:\n ")
+    build_tiny_model(tmp_path / "lm", tok, hidden_size=32, layers=1, heads=2)
+    lm = LocalLM(str(tmp_path / "lm"), chat=False)
+    prompt = "a: dc\nb: ab\n"
+    ids = lm._encode([prompt])["input_ids"][0].tolist()
+    assert ids == [tok.bos_token_id] + tok(prompt, add_special_tokens=False).input_ids and len(ids) == 1 + len(prompt)
+    assert tok.unk_token_id not in ids

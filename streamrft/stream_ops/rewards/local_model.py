@@ -60,12 +60,12 @@ class Batcher:
 
 
 def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+    # the policy's loader: AutoTokenizer would load a char tokenizer as its model type's class, which
+    # drops spaces and newlines (a judge would read "Expected:dcbaGot:dcba")
+    from streamrft.engine.models import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     tok.padding_side = "left"  # generation and last-token scores read the right end of each row
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     return tok
 
 

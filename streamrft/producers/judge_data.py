@@ -1,0 +1,68 @@
+"""Training pairs for a small judge of the reversal demo: (judge prompt, score) from the rule.
+
+A judge model for `examples/judge_cpu.yaml` that runs on two cores: a char-level causal LM taught by
+SFT to read "Expected: dcba / Got: dcxa" and answer with a digit 0-9, the reversal rule's partial
+credit (`rewards.reverse`) times 9, rounded. Its RL run then scores every trajectory with this model
+through the `judge` reward (a rubric prompt, a generated answer, the score parsed from it), never
+with the rule; the rule only wrote the judge's lessons, as a human grader's labels would.
+
+The responses it learns to grade are drawn like a warmed-up policy's answers: exact answers, one to
+all letters wrong, cut short, run on, the string unreversed, random strings, and the policy's own
+stray characters (the prompt's "rev ", "=").
+"""
+from __future__ import annotations
+
+import random
+
+from streamrft.producers.synthetic import ALPHABET, LETTERS, MAX_LEN, MIN_LEN, make_demo_tasks
+
+JUDGE_TEMPLATE = "Expected: {answer}\nGot: {response}\nScore (0-9):"
+"""The judge prompt: `rubric.render` fills {answer} and {response}."""
+SCORE_MAX = 9
+JUDGE_ALPHABET = "".join(sorted(set(ALPHABET + JUDGE_TEMPLATE.replace("{answer}", "").replace("{response}", "")
+                                    + "0123456789")))
+"""Every character a judge prompt or its answer can hold: the judge's char vocabulary."""
+
+
+def corrupt(answer: str, rng: random.Random, max_len: int = 10) -> str:
+    """A response to grade: the answer itself or one of the ways a policy gets it wrong."""
+    kind = rng.choices(["exact", "substitute", "truncate", "extend", "unreversed", "random", "stray"],
+                       weights=[25, 25, 15, 12, 5, 10, 8])[0]
+    letters = list(answer)
+    if kind == "exact":
+        return answer
+    if kind == "substitute":
+        for i in rng.sample(range(len(letters)), rng.randint(1, len(letters))):
+            letters[i] = rng.choice([c for c in LETTERS if c != letters[i]])
+        return "".join(letters)
+    if kind == "truncate":
+        return answer[:rng.randint(0, len(answer) - 1)]
+    if kind == "extend":
+        return (answer + "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, 4))))[:max_len]
+    if kind == "unreversed":
+        return answer[::-1]
+    if kind == "random":
+        return "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, max_len)))
+    at = rng.randint(0, len(letters))
+    return "".join(letters[:at]) + rng.choice(["rev ", "=", " ", "v", "r"]) + "".join(letters[at:])
+
+
+def judge_score(response: str, answer: str) -> int:
+    """The digit the judge learns: the rule's partial credit on 0..SCORE_MAX."""
+    from streamrft.stream_ops.rewards.reverse import reverse_reward
+
+    return round(SCORE_MAX * reverse_reward(response, answer))
+
+
+def make_judge_pairs(n: int, seed: int = 0, template: str = JUDGE_TEMPLATE, split: str = "train",
+                     min_len: int = MIN_LEN, max_len: int = MAX_LEN) -> list[tuple[str, str]]:
+    """`n` (judge prompt, score digit) pairs on the `split`'s strings."""
+    from streamrft.stream_ops.rewards.rubric import render
+
+    rng = random.Random(f"judge:{seed}")
+    pairs = []
+    for task in make_demo_tasks(n, seed=seed, split=split, min_len=min_len, max_len=max_len):
+        response = corrupt(task["answer"], rng)
+        prompt = render(template, prompt=task["prompt"], response=response, answer=task["answer"])
+        pairs.append((prompt, str(judge_score(response, task["answer"]))))
+    return pairs
