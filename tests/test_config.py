@@ -252,6 +252,10 @@ OUT_OF_RANGE = [
     ("stages=[{steps: 0}]", "stages.0.steps: must be >= 1 (got 0)"),
     ("stages=[{batch_size: 0}]", "stages.0.batch_size: must be >= 1 (got 0)"),
     ("stages=[{}, {lr: 0}]", "stages.1.lr: must be > 0 (got 0)"),
+    ("stages=[{warmup_steps: -1}]", "stages.0.warmup_steps: must be >= 0 (got -1)"),
+    ("stages=[{min_lr_ratio: 1.5}]", "stages.0.min_lr_ratio: must be >= 0 and <= 1 (got 1.5)"),
+    ("stages=[{max_grad_norm: 0}]", "stages.0.max_grad_norm: must be > 0 (got 0)"),
+    ("stages=[{weight_decay: -0.1}]", "stages.0.weight_decay: must be >= 0 (got -0.1)"),
     ("max_wall_s=0", "max_wall_s: must be > 0 (got 0)"),
     # not finite
     ("trainer.lr=.inf", "trainer.lr: must be a finite number (got inf)"),

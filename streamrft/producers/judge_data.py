@@ -6,9 +6,10 @@ credit (`rewards.reverse`) times 9, rounded. Its RL run then scores every trajec
 through the `judge` reward (a rubric prompt, a generated answer, the score parsed from it), never
 with the rule; the rule only wrote the judge's lessons, as a human grader's labels would.
 
-The responses it learns to grade are drawn like a warmed-up policy's answers: exact answers, one to
-all letters wrong, cut short, run on, the string unreversed, random strings, and the policy's own
-stray characters (the prompt's "rev ", "=").
+The responses it learns to grade are drawn like a policy's answers: exact answers, one to all
+letters wrong, a right prefix then anything (a policy learning left to right; a judge trained
+without these was fooled by "hbfc" for "hcfg"), cut short, run on, the string unreversed, random
+strings, and the policy's own stray characters (the prompt's "rev ", "=").
 """
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ JUDGE_ALPHABET = "".join(sorted(set(ALPHABET + JUDGE_TEMPLATE.replace("{answer}"
 
 def corrupt(answer: str, rng: random.Random, max_len: int = 10) -> str:
     """A response to grade: the answer itself or one of the ways a policy gets it wrong."""
-    kind = rng.choices(["exact", "substitute", "truncate", "extend", "unreversed", "random", "stray"],
-                       weights=[25, 25, 15, 12, 5, 10, 8])[0]
+    kind = rng.choices(["exact", "substitute", "prefix", "truncate", "extend", "unreversed", "random", "stray"],
+                       weights=[20, 20, 20, 12, 10, 5, 7, 6])[0]
     letters = list(answer)
     if kind == "exact":
         return answer
+    if kind == "prefix":  # right for the first k letters, of the right length: a policy's answer in mid-training
+        k = rng.randint(1, len(answer) - 1)
+        return answer[:k] + "".join(rng.choice(LETTERS) for _ in range(len(answer) - k))
     if kind == "substitute":
         for i in rng.sample(range(len(letters)), rng.randint(1, len(letters))):
             letters[i] = rng.choice([c for c in LETTERS if c != letters[i]])
