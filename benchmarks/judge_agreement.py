@@ -24,7 +24,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from streamrft.producers.judge_data import JUDGE_TEMPLATE, SCORE_MAX, corrupt
+from streamrft.producers.judge_data import JUDGE_MAX_NEW_TOKENS, JUDGE_TEMPLATE, SCORE_MAX, corrupt
 from streamrft.producers.synthetic import make_demo_tasks
 from streamrft.schemas import Task
 from streamrft.stream_ops.rewards.judge import make_judge
@@ -57,7 +57,7 @@ def main() -> None:
     a = ap.parse_args()
 
     judge = make_judge(model=a.model, backend="local", template=JUDGE_TEMPLATE, score_range=[0, SCORE_MAX],
-                       max_new_tokens=2, chat_template=False, batch_size=64)
+                       max_new_tokens=JUDGE_MAX_NEW_TOKENS, chat_template=False, batch_size=64)
     rng = random.Random(a.seed)
     items = []  # (task index, task, response)
     for k, row in enumerate(make_demo_tasks(a.n, seed=a.seed, split="eval")):

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<11} {t:8.2f} {t / total:6.1%}  {what}")
         print(f"{'sum':<11} {total:8.2f}")
         trainer.consumer.close()
-        del trainer  # its producer, before the broker goes away
+        trainer = None  # drops its producer before the broker goes away
         gc.collect()
     finally:
         stack.down()

@@ -1,15 +1,21 @@
-"""Training pairs for a small judge of the reversal demo: (judge prompt, score) from the rule.
+"""Training pairs for a small judge of the reversal demo: (judge prompt, judge answer) from the rule.
 
 A judge model for `examples/judge_cpu.yaml` that runs on two cores: a char-level causal LM taught by
-SFT to read "Expected: dcba / Got: dcxa" and answer with a digit 0-9, the reversal rule's partial
-credit (`rewards.reverse`) times 9, rounded. Its RL run then scores every trajectory with this model
-through the `judge` reward (a rubric prompt, a generated answer, the score parsed from it), never
+SFT to read "Expected: dcba / Got: dcxa / Marks:" and answer " ++-+ Score: 7": a mark per position
+(the response's letter agrees with the reference's, or not), then the reversal rule's partial credit
+(`rewards.reverse`) times 9, rounded. Its RL run then scores every trajectory with this model through
+the `judge` reward (a rubric prompt, a generated answer, the score parsed from its "Score: N"), never
 with the rule; the rule only wrote the judge's lessons, as a human grader's labels would.
 
+Why the marks: a judge taught to answer the digit alone (one supervised token per example) stalled
+at a loss of ~0.65 and graded by length: "9" for "dddd" against "hcfg"; a policy trained by it
+learned to answer the first letter and filler ("hdff"). Marking each position first, as an LLM
+judge reasons before its score, gives every compared letter its own lesson.
+
 The responses it learns to grade are drawn like a policy's answers: exact answers, one to all
-letters wrong, a right prefix then anything (a policy learning left to right; a judge trained
-without these was fooled by "hbfc" for "hcfg"), cut short, run on, the string unreversed, random
-strings, and the policy's own stray characters (the prompt's "rev ", "=").
+letters wrong, a right prefix then anything (a policy learning left to right), cut short, run on,
+the string unreversed, random strings, and the policy's own stray characters (the prompt's "rev ",
+"=").
 """
 from __future__ import annotations
 
@@ -17,11 +23,13 @@ import random
 
 from streamrft.producers.synthetic import ALPHABET, LETTERS, MAX_LEN, MIN_LEN, make_demo_tasks
 
-JUDGE_TEMPLATE = "Expected: {answer}\nGot: {response}\nScore (0-9):"
+JUDGE_TEMPLATE = "Expected: {answer}\nGot: {response}\nMarks:"
 """The judge prompt: `rubric.render` fills {answer} and {response}."""
 SCORE_MAX = 9
+JUDGE_MAX_NEW_TOKENS = 24
+"""Enough for the longest answer: a mark for each of up to 10 positions, then " Score: 9"."""
 JUDGE_ALPHABET = "".join(sorted(set(ALPHABET + JUDGE_TEMPLATE.replace("{answer}", "").replace("{response}", "")
-                                    + "0123456789")))
+                                    + "+- Score:0123456789")))
 """Every character a judge prompt or its answer can hold: the judge's char vocabulary."""
 
 
@@ -58,9 +66,18 @@ def judge_score(response: str, answer: str) -> int:
     return round(SCORE_MAX * reverse_reward(response, answer))
 
 
+def judge_answer(response: str, answer: str) -> str:
+    """What the judge learns to answer: " " + a mark per position ("+" the letters agree, "-" they
+    differ or one string has ended), then " Score: <judge_score>"."""
+    response, answer = response.strip(), answer.strip()
+    marks = "".join("+" if i < len(response) and i < len(answer) and response[i] == answer[i] else "-"
+                    for i in range(max(len(response), len(answer))))
+    return f" {marks} Score: {judge_score(response, answer)}"
+
+
 def make_judge_pairs(n: int, seed: int = 0, template: str = JUDGE_TEMPLATE, split: str = "train",
                      min_len: int = MIN_LEN, max_len: int = MAX_LEN) -> list[tuple[str, str]]:
-    """`n` (judge prompt, score digit) pairs on the `split`'s strings."""
+    """`n` (judge prompt, judge answer) pairs on the `split`'s strings."""
     from streamrft.stream_ops.rewards.rubric import render
 
     rng = random.Random(f"judge:{seed}")
@@ -68,5 +85,5 @@ def make_judge_pairs(n: int, seed: int = 0, template: str = JUDGE_TEMPLATE, spli
     for task in make_demo_tasks(n, seed=seed, split=split, min_len=min_len, max_len=max_len):
         response = corrupt(task["answer"], rng)
         prompt = render(template, prompt=task["prompt"], response=response, answer=task["answer"])
-        pairs.append((prompt, str(judge_score(response, task["answer"]))))
+        pairs.append((prompt, judge_answer(response, task["answer"])))
     return pairs
