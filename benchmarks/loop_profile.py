@@ -2,13 +2,17 @@
 side in one run of this script: the same prepared checkpoint, tasks and steps, two `streamrft run`s.
 
     .venv/bin/python benchmarks/loop_profile.py [--config examples/cpu_demo.yaml] [--steps 80]
-        [--variants before,after] [--target 0.8]
+        [--variants before,after] [--target 0.8] [--set KEY=VALUE ...]
 
 - before: `eval.runner=explorer` (the explorer holding slot 0 evaluates between its generations),
   `trainer.checkpoint_every=1` (a checkpoint with optimiser state at every version), full weights
   to S3 at every version;
 - after: `eval.runner=evaluator` (a role of its own), `trainer.checkpoint_every=10`,
-  `trainer.weight_sync.delta=true` (zstd XOR deltas, a snapshot every 10).
+  `trainer.weight_sync.delta=true` (zstd XOR deltas, a snapshot every 10);
+- the loop's consumers fetch with `kafka.fetch_wait_ms` 500 before (librdkafka's default; faust's
+  own was 1500 before the setting existed), 100 after: the embedded broker holds a fetch that finds
+  nothing new for all of it, so every hop of the loop waited up to that long.
+`--set KEY=VALUE` (repeatable) adds an override to every variant.
 The background publisher (version N's upload overlapping step N+1) is on in both: it has no switch
 (its own before / after, on the commits either side of it: benchmarks/trainer_step_loop.py).
 
@@ -33,12 +37,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import ROOT, free_ports  # noqa: E402
+from vs_trl import ROOT  # noqa: E402
+
+from streamrft.infra.stack import free_ports  # noqa: E402
 
 VARIANTS = {
-    "before": ["eval.runner=explorer", "trainer.checkpoint_every=1", "trainer.weight_sync.delta=false"],
+    "before": ["eval.runner=explorer", "trainer.checkpoint_every=1", "trainer.weight_sync.delta=false",
+               "kafka.fetch_wait_ms=500"],
     "after": ["eval.runner=evaluator", "trainer.checkpoint_every=10", "trainer.weight_sync.delta=true",
-              "trainer.weight_sync.full_every=10"],
+              "trainer.weight_sync.full_every=10", "kafka.fetch_wait_ms=100"],
 }
 TRAINER = ("wait_s", "step_s", "publish_s", "loop_latency_s")
 
@@ -48,12 +55,13 @@ def load() -> str:
 
 
 def run_variant(name: str, a, prepared, workdir: Path) -> dict:
-    kafka, s3, weed = free_ports()
+    ports = free_ports()
+    kafka, s3, weed = ports["kafka_port"], ports["s3_port"], ports["weed_port_base"]
     overrides = [f"model.path={prepared.model.path}", "stages=[]", f"data.train={prepared.data.train}",
                  f"data.eval={prepared.data.eval}", f"output_dir={workdir / name}", f"stack.data_dir={workdir / name}/stack",
                  f"stack.kafka_port={kafka}", f"stack.s3_port={s3}", f"stack.weed_port_base={weed}",
                  f"trainer.max_steps={a.steps}", f"eval.every_versions={a.eval_every}", "max_wall_s=null",
-                 *VARIANTS[name]]
+                 *VARIANTS[name], *a.set]
     cmd = [sys.executable, "-m", "streamrft.cli", "run", a.config, *overrides]
     print(f"\n== {name}: streamrft run {a.config} {' '.join(VARIANTS[name])}", flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
@@ -94,6 +102,7 @@ def main() -> int:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--variants", default="before,after")
+    p.add_argument("--set", action="append", default=[], help="an override for every variant")
     p.add_argument("--workdir", help="work here (kept; a demo prepared there before is reused)")
     a = p.parse_args()
 

@@ -8,9 +8,10 @@ in bfloat16 and takes one real AdamW step (lr 1e-6, on a random batch), all in b
 host memory at the step). On a private embedded stack (SeaweedFS S3 + Tansu), per repeat, a key of
 its own: v0 (the initial weights) is published and loaded by the explorer side untimed; then v1, the
 stepped weights, is published (a) whole (`publish_state_dict`) and (b) as a delta from v0
-(`engine.delta.DeltaPublisher`: XOR + zstd + the reconstructed tensors' sha256), announced, and the
-explorer's WeightsWatcher fetches, verifies (for the delta: applies onto its v0 and checks every
-tensor's sha256) and a TransformersEngine swaps it in. Raw: one `fput_object` + `fget_object` of
+(`engine.delta.DeltaPublisher`: XOR + zstd in two parallel streams, each tensor's xxh3_128), each
+from the trainer's own CPU copy of the weights (`cpu_copy`, timed), announced, and the explorer's
+WeightsWatcher fetches, verifies (for the delta: applies onto its v0 and checks every tensor's
+xxh3_128) and a TransformersEngine swaps it in. Raw: one `fput_object` + `fget_object` of
 the same bytes (the safetensors file; the delta's files) with the minio SDK, nothing else.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from streamrft.config import KafkaConfig, S3Config
+from streamrft.consumers.publisher import cpu_copy
 from streamrft.engine.delta import DeltaPublisher, canonical, encode_delta
 from streamrft.engine.models import build_char_tokenizer
 from streamrft.engine.rollout.hf import TransformersEngine
@@ -126,7 +128,8 @@ def main() -> None:
                     pub = DeltaPublisher(full_every=10 if mode == "delta" else 1)
 
                     def publish(v: int, weights: dict) -> None:
-                        manifest = pub.publish(store, ns, v, weights, meta={"kind": "full"})
+                        # as the trainer: its CPU copy of the version, handed to the publisher
+                        manifest = pub.publish(store, ns, v, cpu_copy(weights), meta={"kind": "full"}, owned=True)
                         wv = WeightVersion(model="policy", version=v, bucket=s3.bucket, prefix=store.prefix(ns, v),
                                            manifest_sha256=manifest.sha256)
                         producer.produce(topic_name(ns, "weights"), key=b"policy", value=encode(wv))
@@ -151,7 +154,7 @@ def main() -> None:
                     print(f"{mode:5s} r{r}: raw put+get {raw[mode][-1]:6.2f}s | publish {t_pub:6.2f}s, "
                           f"publish->swapped {ours[mode][-1]:6.2f}s")
             # where a delta's seconds go, stage by stage, outside S3 (same code, same tensors)
-            from streamrft.engine.delta import decode_delta, state_sha256
+            from streamrft.engine.delta import decode_delta, state_sha256, tensor_xxh3
             stages = {}
 
             def timed(what: str, fn):
@@ -160,11 +163,13 @@ def main() -> None:
                 stages[what] = time.perf_counter() - t
                 return out
 
-            prev = timed("trainer: copy of the version", lambda: {k: x.clone() for k, x in v0.items()})
-            files, index = timed("trainer: xor + zstd", lambda: encode_delta(prev, v1, tmp / "delta2"))
-            timed("sha256 of every tensor (2 threads)", lambda: state_sha256(v1))
-            rebuilt = timed("explorer: unzstd + xor", lambda: decode_delta(prev, files, index))
+            prev = timed("trainer: CPU copy of the version", lambda: cpu_copy(v0))
+            files, index = timed("trainer: xor + zstd + xxh3 (2 streams)",
+                                 lambda: encode_delta(prev, v1, tmp / "delta2"))
+            rebuilt = timed("explorer: unzstd + xor + xxh3", lambda: decode_delta(prev, files, index))
             timed("explorer: engine swap", lambda: engine.load_weights(rebuilt, 1))
+            timed("for scale: xxh3_128 of every tensor", lambda: [tensor_xxh3(t) for t in v1.values()])
+            timed("sha256 of every tensor (2 threads; the check before xxh3)", lambda: state_sha256(v1))
             prev = rebuilt = None  # noqa: F841
             print("delta stages: " + ", ".join(f"{k} {s:.2f}s" for k, s in stages.items()))
             # the engine holds v1 exactly

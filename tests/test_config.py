@@ -158,6 +158,7 @@ OUT_OF_RANGE = [
     ("kafka.heartbeat_interval_ms=0", "kafka.heartbeat_interval_ms: must be >= 1 (got 0)"),
     ("kafka.partitions=0", "kafka.partitions: must be >= 1 (got 0)"),
     ("kafka.replication_factor=0", "kafka.replication_factor: must be >= 1 (got 0)"),
+    ("kafka.fetch_wait_ms=0", "kafka.fetch_wait_ms: must be >= 1 and <= 10000 (got 0)"),
     ("stack.kafka_port=0", "stack.kafka_port: must be >= 1 and <= 65535 (got 0)"),
     ("stack.s3_port=65536", "stack.s3_port: must be >= 1 and <= 65535 (got 65536)"),
     ("stack.weed_port_base=65530", "stack.weed_port_base: must be >= 1 and <= 65527 (got 65530)"),

@@ -20,6 +20,13 @@ class KafkaConfig(Section):
     """Kept short: the embedded broker holds every JoinGroup reply for half of it."""
     heartbeat_interval_ms: int = Field(1000, ge=1)
     """Must be below `session_timeout_ms` (a member that heartbeats slower is evicted)."""
+    fetch_wait_ms: int = Field(100, ge=1, le=10000)
+    """How long a fetch of the loop's data path (stream ops' rollouts, the trainer's experiences, the
+    explorers' weights watcher) waits for new records. The embedded broker (Tansu) holds a fetch
+    that finds nothing new for all of it, even when records arrive meanwhile, so each hop of the
+    loop waits up to this long (with librdkafka's default 500 ms the CPU demo's trainer waited a
+    median 0.50 s a step); each idle fetch costs the broker's S3 a few ms of CPU, so not much
+    lower. (The explorers' admission log fetches every 100 ms, the other consumers every 500.)"""
     partitions: int = Field(4, ge=1)
     """Partitions of the run's rollouts and experiences topics (the unit of stream-ops scaling)."""
     replication_factor: int = Field(1, ge=1)

@@ -17,6 +17,7 @@ import math
 from confluent_kafka import KafkaException
 
 from streamrft.consumers.admission import Counts, admit_trajectories, oldest_head
+from streamrft.infra.kafka import consume_ready
 from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, RolloutGroup, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Intake:
     def _poll(self, timeout: float) -> None:
         """Fetch records into `pending`. Consume errors are logged (librdkafka recovers from them
         by itself, e.g. while a broker restarts) and fatal ones raised."""
-        for m in self.consumer.consume(64, timeout=timeout):
+        for m in consume_ready(self.consumer, 64, timeout):
             err = m.error()
             if err is None:
                 self.pending.append(m)

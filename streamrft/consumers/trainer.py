@@ -155,7 +155,7 @@ class Trainer(Intake, UpdateLoop):
             if not self.replay:  # where dropped groups are announced to explorers (`_dropped`)
                 admission = topic_name(ns, "admission")
                 ensure_topics(cfg.kafka, {admission: run_topics(cfg.kafka, ns)[admission]})
-            self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer")
+            self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer", loop_path=True)
             self.consumer.subscribe([self.topic], on_assign=self._on_assign)
             if self.replay:
                 self._start_replay()
@@ -240,7 +240,8 @@ class Trainer(Intake, UpdateLoop):
                 from streamrft.engine.delta import DeltaPublisher
 
                 self._delta = DeltaPublisher(sync.full_every)
-            return self._delta.publish(self.store, self.cfg.weights_key, v, weights, meta=meta)
+            # `weights` is the publisher's own CPU copy (`publish`): the next delta's base as it is
+            return self._delta.publish(self.store, self.cfg.weights_key, v, weights, meta=meta, owned=True)
         return publish_state_dict(self.store, self.cfg.weights_key, v, weights, meta=meta)
 
     def _version_meta(self) -> dict:

@@ -1,18 +1,22 @@
 """Delta weight versions: a version published as the exact difference from the one before it.
 
-A delta version's file is `delta-00000.st.zst`, one zstd stream of every tensor's raw bytes XOR
-the same tensor's bytes in version `delta_from` (same dtype and shape), or, for a tensor that is
-new or changed shape or dtype, its own bytes (named in `meta["full_tensors"]`), in the order of
-`meta["tensors"]` (name, dtype, shape, op), encoded and decoded a tensor at a time. Unchanged
-bytes XOR to zeros, which zstd squeezes away: after one AdamW step at lr 1e-6 about 98% of a bf16
-model's elements do not move by one ulp (`benchmarks/weight_delta.py`: 38.6x fewer bytes).
+A delta version's files are `delta-0000<i>.st.zst`, `DELTA_PARTS` zstd streams written and read
+in parallel (one thread each: zstd, torch and xxhash let go of the GIL), which share the tensors
+out between them by size. Each stream holds its tensors' raw bytes XOR the same tensor's bytes in
+version `delta_from` (same dtype and shape), or, for a tensor that is new or changed shape or
+dtype, its own bytes (named in `meta["full_tensors"]`), in the order of `meta["tensors"]` (name,
+dtype, shape, op, file, xxh3_128), encoded and decoded a tensor at a time. Unchanged bytes XOR to
+zeros, which zstd squeezes away: after one AdamW step at lr 1e-6 about 98% of a bf16 model's
+elements do not move by one ulp (`benchmarks/weight_delta.py`: 38.6x fewer bytes).
 
 Every delta version's meta says `delta_from` (N-1), `snapshot` (the full version its chain starts
-at), `full_every`, and `tensor_sha256`: the sha256 of every RECONSTRUCTED tensor (dtype, shape,
-bytes), so a reader that applied the delta onto the wrong base, or onto a copy that drifted, knows.
-The manifest's own sha256 of each file guards the bytes in S3 as for every version. A full version
-every `full_every` versions (and whenever the publisher has no previous state: a restart) bounds
-the chain a new reader replays; `WeightStore.gc` keeps every version a kept version's chain needs.
+at), `full_every`, and per tensor `xxh3_128`: the 128-bit xxh3 of every RECONSTRUCTED tensor
+(dtype, shape, bytes), so a reader that applied the delta onto the wrong base, or onto a copy
+that drifted, knows. It is a checksum against accidents, at 10-20 GB/s where sha256 ran at 1.5
+(deltas written before it carry `tensor_sha256`, which readers still check). The manifest's
+sha256 of each file guards the bytes in S3 as for every version. A full version every
+`full_every` versions (and whenever the publisher has no previous state: a restart) bounds the
+chain a new reader replays; `WeightStore.gc` keeps every version a kept version's chain needs.
 
 `DeltaPublisher` is the trainer's side (it keeps a CPU copy of the last version published);
 `fetch_chain` the reader's: onto the reader's own copy of version N-1 when it has it, else from the
@@ -24,6 +28,7 @@ import hashlib
 import logging
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,7 +39,8 @@ from streamrft.infra.objectstore import CorruptVersionError, Manifest, WeightSto
 log = logging.getLogger(__name__)
 
 DELTA_SUFFIX = ".st.zst"
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 1  # as small as 3 on XOR deltas (31.3 vs 31.4 MB for 1.2 GB), faster both ways
+DELTA_PARTS = 2  # zstd streams per delta, each written and read by a thread of its own
 
 
 def is_delta(meta: dict) -> bool:
@@ -59,6 +65,15 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+def tensor_xxh3(t: torch.Tensor) -> str:
+    """The 128-bit xxh3 of a tensor's dtype, shape and bytes (hex)."""
+    import xxhash
+
+    h = xxhash.xxh3_128(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(_bytes(t.contiguous()).numpy().data)
+    return h.hexdigest()
+
+
 def tensor_sha256(t: torch.Tensor) -> str:
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     h.update(_bytes(t.contiguous()).numpy().data)
@@ -69,7 +84,6 @@ def state_sha256(state: dict[str, torch.Tensor], threads: int = 2) -> dict[str, 
     """`tensor_sha256` of every tensor, `threads` at a time (hashlib lets go of the GIL)."""
     if threads <= 1:
         return {name: tensor_sha256(t) for name, t in state.items()}
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(threads) as pool:
         return dict(zip(state, pool.map(tensor_sha256, state.values())))
@@ -99,25 +113,57 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def encode_delta(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
-                 out_dir: Path) -> tuple[list[Path], list[dict]]:
-    """Write the delta from `prev` to `new` (both `canonical`) as one zstd stream `delta-00000.st.zst`:
-    per tensor, in the order of the index returned, its bytes XOR `prev`'s (`"op": "xor"`), or its own
-    bytes when `prev` has no tensor of that name, dtype and shape (`"op": "full"`). Streamed a tensor
-    at a time: no copy of the whole state is made. Returns (files, index)."""
+def _file_name(part: int) -> str:
+    return f"delta-{part:05d}{DELTA_SUFFIX}"
+
+
+def _share_out(new: dict[str, torch.Tensor], parts: int) -> dict[str, int]:
+    """Each tensor's part: the largest first, each to the part holding the fewest bytes so far."""
+    load, part_of = [0] * parts, {}
+    for name in sorted(new, key=lambda k: -new[k].numel() * new[k].element_size()):
+        part = min(range(parts), key=load.__getitem__)
+        part_of[name] = part
+        load[part] += new[name].numel() * new[name].element_size()
+    return part_of
+
+
+def encode_delta(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor], out_dir: Path,
+                 parts: int = DELTA_PARTS, keep: bool = False) -> tuple[list[Path], list[dict]]:
+    """Write the delta from `prev` to `new` (both `canonical`) as up to `parts` zstd streams, one
+    thread each: per tensor, in the order of the index returned, its bytes XOR `prev`'s (`"op":
+    "xor"`), or its own bytes when `prev` has no tensor of that name, dtype and shape (`"op":
+    "full"`), and the xxh3_128 of `new`'s tensor. Streamed a tensor at a time: no copy of the whole
+    state is made. With `keep`, each of `prev`'s tensors that XORed is overwritten with `new`'s
+    once encoded (the caller's next `prev`, without allocating a copy). Returns (files, index)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cctx = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
-    index: list[dict] = []
-    path = out_dir / f"delta-00000{DELTA_SUFFIX}"
-    with open(path, "wb") as fh, cctx.stream_writer(fh, closefd=False) as writer:
-        for name, t in new.items():
-            p = prev.get(name)
-            xor = p is not None and p.dtype == t.dtype and p.shape == t.shape
-            payload = _xor(p, t) if xor else _bytes(t)
-            writer.write(payload.numpy().data)
-            index.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                          "op": "xor" if xor else "full"})
-    return [path], index
+    part_of = _share_out(new, max(1, min(parts, len(new))))
+    index = [{"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+              "op": "full", "file": _file_name(part_of[name])} for name, t in new.items()]
+    for entry in index:
+        p, t = prev.get(entry["name"]), new[entry["name"]]
+        if p is not None and p.dtype == t.dtype and p.shape == t.shape:
+            entry["op"] = "xor"
+
+    def write(file: str) -> Path:
+        path = out_dir / file
+        cctx = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
+        with open(path, "wb") as fh, cctx.stream_writer(fh, closefd=False) as writer:
+            for entry in index:
+                if entry["file"] != file:
+                    continue
+                name = entry["name"]
+                t = new[name]
+                payload = _xor(prev[name], t) if entry["op"] == "xor" else _bytes(t)
+                writer.write(payload.numpy().data)
+                entry["xxh3_128"] = tensor_xxh3(t)
+                if keep and entry["op"] == "xor":
+                    prev[name].copy_(t)
+        return path
+
+    files = sorted({entry["file"] for entry in index})
+    with ThreadPoolExecutor(len(files) or 1) as pool:
+        paths = list(pool.map(write, files))
+    return paths, index
 
 
 def _read_exact(reader, n: int) -> torch.Tensor:
@@ -132,25 +178,44 @@ def _read_exact(reader, n: int) -> torch.Tensor:
 
 
 def decode_delta(prev: dict[str, torch.Tensor], files: list[Path], index: list[dict]) -> dict[str, torch.Tensor]:
-    """The state a delta's stream makes of `prev` (new tensors; `prev` is left as it was)."""
-    (path,) = files
-    out: dict[str, torch.Tensor] = {}
-    with open(path, "rb") as fh, _zstd().ZstdDecompressor().stream_reader(fh) as reader:
-        for entry in index:
-            name, dtype, shape = entry["name"], _dtype(entry["dtype"]), tuple(entry["shape"])
-            numel = 1
-            for d in shape:
-                numel *= d
-            buf = _read_exact(reader, numel * torch.empty(0, dtype=dtype).element_size())
-            if entry["op"] == "xor":
-                p = prev.get(name)
-                if p is None or p.dtype != dtype or tuple(p.shape) != shape:
-                    raise CorruptVersionError(f"delta tensor {name} does not fit the previous version's")
-                torch.bitwise_xor(buf, _bytes(p.contiguous()), out=buf)
-            out[name] = buf.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
-        if reader.read(1):
-            raise CorruptVersionError(f"{path.name}: bytes after the last tensor of the delta's index")
-    return out
+    """The state a delta's streams make of `prev` (new tensors; `prev` is left as it was), every
+    stream read by a thread of its own. An index entry without `file` is in the one stream of a
+    delta written before there were several."""
+    by_name = {p.name: p for p in files}
+    entries: dict[str, list[dict]] = {}
+    for entry in index:
+        file = entry.get("file", _file_name(0))
+        if file not in by_name:
+            raise CorruptVersionError(f"delta tensor {entry.get('name')} is in {file!r}, which the version does not have")
+        entries.setdefault(file, []).append(entry)
+
+    def read(file: str) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        with open(by_name[file], "rb") as fh, _zstd().ZstdDecompressor().stream_reader(fh) as reader:
+            for entry in entries[file]:
+                name, dtype, shape = entry["name"], _dtype(entry["dtype"]), tuple(entry["shape"])
+                numel = 1
+                for d in shape:
+                    numel *= d
+                buf = _read_exact(reader, numel * torch.empty(0, dtype=dtype).element_size())
+                if entry["op"] == "xor":
+                    p = prev.get(name)
+                    if p is None or p.dtype != dtype or tuple(p.shape) != shape:
+                        raise CorruptVersionError(f"delta tensor {name} does not fit the previous version's")
+                    torch.bitwise_xor(buf, _bytes(p.contiguous()), out=buf)
+                out[name] = buf.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+                if "xxh3_128" in entry and tensor_xxh3(out[name]) != entry["xxh3_128"]:
+                    raise CorruptVersionError(f"reconstructed {name} does not match its checksum")
+            if reader.read(1):
+                raise CorruptVersionError(f"{file}: bytes after the last tensor of the delta's index")
+        return out
+
+    with ThreadPoolExecutor(max(1, len(entries))) as pool:
+        parts = list(pool.map(read, entries))
+    state = {}
+    for part in parts:
+        state.update(part)
+    return {entry["name"]: state[entry["name"]] for entry in index}
 
 
 class DeltaPublisher:
@@ -172,33 +237,52 @@ class DeltaPublisher:
                 or version - self.snapshot >= self.full_every)
 
     def publish(self, store: WeightStore, model: str, version: int, state_dict: dict[str, torch.Tensor],
-                meta: dict | None = None) -> Manifest:
+                meta: dict | None = None, owned: bool = False) -> Manifest:
+        """Version `version` of `state_dict`, as a delta from the last one published when its chain
+        allows. `owned`: the caller hands `state_dict` over (nobody changes it after: the trainer's
+        CPU copy), and it becomes the base of the next delta as it is; otherwise the publisher's
+        own copy is brought up to it in place, tensor by tensor as the delta is encoded."""
         from streamrft.engine.weights import publish_state_dict
 
         new = canonical(state_dict)
         meta = dict(meta or {})
-        # a copy for the next delta: the trainer keeps updating its tensors in place
-        copy = {k: v.clone() if v.data_ptr() == state_dict[k].data_ptr() else v for k, v in new.items()}
-        if self.wants_full(version):
-            manifest = publish_state_dict(store, model, version, new, meta={**meta, "full_every": self.full_every},
-                                          max_shard_bytes=self.max_shard_bytes)
-            self.snapshot = version
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix=f"delta-v{version}-"))
-            try:
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(1) as pool:  # the checksums while the delta is encoded
-                    digests = pool.submit(state_sha256, new, 1)
-                    files, index = encode_delta(self.prev, new, tmp)
-                meta.update(delta_from=self.prev_version, snapshot=self.snapshot, full_every=self.full_every,
-                            tensors=index, full_tensors=[e["name"] for e in index if e["op"] == "full"],
-                            tensor_sha256=digests.result())
-                manifest = store.publish_version(model, version, files, meta)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        self.prev, self.prev_version = copy, version
+        try:
+            if self.wants_full(version):
+                manifest = publish_state_dict(store, model, version, new,
+                                              meta={**meta, "full_every": self.full_every},
+                                              max_shard_bytes=self.max_shard_bytes)
+                self.snapshot = version
+                if owned:
+                    self.prev = new
+                elif self.prev is not None and _same_layout(self.prev, new):
+                    for name, t in new.items():
+                        self.prev[name].copy_(t)
+                else:
+                    self.prev = {k: t.clone() for k, t in new.items()}
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix=f"delta-v{version}-"))
+                try:
+                    files, index = encode_delta(self.prev, new, tmp, keep=not owned)
+                    if owned:
+                        self.prev = new
+                    else:  # tensors stored whole are new or reshaped: copies of their own
+                        self.prev = {e["name"]: self.prev[e["name"]] if e["op"] == "xor" else new[e["name"]].clone()
+                                     for e in index}
+                    meta.update(delta_from=self.prev_version, snapshot=self.snapshot, full_every=self.full_every,
+                                tensors=index, full_tensors=[e["name"] for e in index if e["op"] == "full"])
+                    manifest = store.publish_version(model, version, files, meta)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            # the copy may be half brought up to this version: the next attempt publishes in full
+            self.prev = self.prev_version = None
+            raise
+        self.prev_version = version
         return manifest
+
+
+def _same_layout(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape for k in a)
 
 
 # what reading one delta may fail with and a replay from the snapshot may fix: a corrupt or
@@ -218,14 +302,21 @@ def apply_delta(store: WeightStore, model: str, version: int, prev: dict[str, to
             raise CorruptVersionError(f"{model} v{version} is a delta from v{meta.get('delta_from')}, "
                                       f"not from v{prev_version}")
         files = [dest / name for name in manifest.files]
-        state = decode_delta(prev, files, meta["tensors"])
-        expect = meta["tensor_sha256"]
+        try:  # decode_delta checks every tensor's xxh3_128
+            state = decode_delta(prev, files, meta["tensors"])
+        except CorruptVersionError as e:
+            raise CorruptVersionError(f"{model} v{version}: {e}") from None
+        if all("xxh3_128" in e for e in meta["tensors"]):
+            return state
+        if "tensor_sha256" not in meta:
+            raise CorruptVersionError(f"{model} v{version}: a delta without its tensors' checksums")
+        expect = meta["tensor_sha256"]  # a delta written before xxh3_128
         if set(state) != set(expect):
             odd = sorted(set(state) ^ set(expect))[:5]
             raise CorruptVersionError(f"{model} v{version}: reconstructed tensors {odd} differ from the manifest's")
         for name, digest in state_sha256(state).items():
             if digest != expect[name]:
-                raise CorruptVersionError(f"{model} v{version}: reconstructed {name} does not match its sha256")
+                raise CorruptVersionError(f"{model} v{version}: reconstructed {name} does not match its checksum")
         return state
     finally:
         shutil.rmtree(dest, ignore_errors=True)

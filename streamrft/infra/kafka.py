@@ -192,14 +192,28 @@ class CheckedProducer:
         return sorted({f"{e.name()}: {e.str()}" for e in self._failed.values()})
 
 
-def make_consumer(cfg: KafkaConfig, group_id: str | None, **overrides) -> Consumer:
-    """Explicit commits only; a new group starts at `earliest` (never `latest`, see DEVELOPERS.md)."""
+def make_consumer(cfg: KafkaConfig, group_id: str | None, loop_path: bool = False, **overrides) -> Consumer:
+    """Explicit commits only; a new group starts at `earliest` (never `latest`, see DEVELOPERS.md).
+    A consumer on the loop's path (`loop_path`: the trainer's, the weights watcher's) fetches with
+    `kafka.fetch_wait_ms`, the others with librdkafka's default 500 ms (fewer idle fetches)."""
     conf = {**client_conf(cfg), "group.id": group_id or "streamrft-probe", "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "session.timeout.ms": cfg.session_timeout_ms,
             "heartbeat.interval.ms": cfg.heartbeat_interval_ms, "enable.partition.eof": False,
             "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024}
+    if loop_path:
+        conf["fetch.wait.max.ms"] = cfg.fetch_wait_ms
     conf.update(overrides)
     return Consumer(conf)
+
+
+def consume_ready(consumer: Consumer, n: int, timeout: float) -> list:
+    """Up to `n` records (errors included, as `consume` gives them): waits at most `timeout` for the
+    first, then takes what the client holds already. librdkafka's `consume(n, timeout)` waits out
+    its whole timeout unless `n` records come, which cost the CPU demo's trainer 0.5 s a step."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(n - 1, timeout=0)] if n > 1 else [first]
 
 
 def make_admin(cfg: KafkaConfig) -> AdminClient:

@@ -59,9 +59,9 @@ class TensorBoard:
 
         self.writer = SummaryWriter(str(output_dir / "tensorboard"))
 
-    def write(self, prefix: str, values: dict[str, float], step: int) -> None:
-        for k, v in values.items():
-            self.writer.add_scalar(k, v, step)
+    def write(self, prefix: str, values: dict[str, float], step: int, walltime: float) -> None:
+        for k, v in values.items():  # at the role's time, not when the launcher read the record
+            self.writer.add_scalar(k, v, step, walltime=walltime)
 
     def close(self) -> None:
         self.writer.close()
@@ -79,7 +79,7 @@ class WandB:
         self.run = wandb.init(project=project, name=run_name, dir=str(output_dir), config=params, reinit="create_new")
         self.defined: set[str] = set()
 
-    def write(self, prefix: str, values: dict[str, float], step: int) -> None:
+    def write(self, prefix: str, values: dict[str, float], step: int, walltime: float) -> None:
         if prefix not in self.defined:
             self.defined.add(prefix)
             self.run.define_metric(f"{prefix}/step", hidden=True)
@@ -112,13 +112,11 @@ class MLflow:
 
             self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
-    def write(self, prefix: str, values: dict[str, float], step: int) -> None:
-        import time
-
+    def write(self, prefix: str, values: dict[str, float], step: int, walltime: float) -> None:
         from mlflow.entities import Metric as MlflowMetric
 
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[MlflowMetric(k, v, now, step) for k, v in values.items()])
+        at = int(walltime * 1000)
+        self.client.log_batch(self.run_id, metrics=[MlflowMetric(k, v, at, step) for k, v in values.items()])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -162,7 +160,7 @@ class MetricLogger:
         p, values = prefix(m), series(m)
         for name, backend in list(self.backends.items()):
             try:
-                backend.write(p, values, m.step)
+                backend.write(p, values, m.step, m.created_at)
             except Exception as e:  # noqa: BLE001 - any client's failure: stop using that backend
                 log.warning("metric backend %s failed (%s): no more metrics to it", name, e)
                 self.backends.pop(name)

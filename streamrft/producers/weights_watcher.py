@@ -21,7 +21,7 @@ from confluent_kafka import TopicPartition
 from minio.error import S3Error
 
 from streamrft.config import KafkaConfig, LoraSpec
-from streamrft.infra.kafka import decoded, make_consumer
+from streamrft.infra.kafka import consume_ready, decoded, make_consumer
 from streamrft.infra.objectstore import CorruptVersionError, StoreUnavailableError, WeightStore
 from streamrft.schemas import WeightVersion, topic_name
 
@@ -92,13 +92,13 @@ class WeightsWatcher:
     def _run(self) -> None:
         from streamrft.engine.weights import fetch_state_dict
 
-        consumer = make_consumer(self.kafka, None)
+        consumer = make_consumer(self.kafka, None, loop_path=True)
         consumer.assign([TopicPartition(self.topic, 0, 0)])  # compacted: the whole topic is small
         wanted, next_try, delay = None, 0.0, 0.5  # the newest announced version not loaded yet
         try:
             while not self._stop.is_set():
                 wait = 0.5 if wanted is None else min(0.5, max(0.0, next_try - time.monotonic()))
-                newest = self._newest(consumer.consume(100, timeout=wait))
+                newest = self._newest(consume_ready(consumer, 100, wait))
                 if newest is not None and newest > max(self.latest_announced, self._loaded_version):
                     self.latest_announced = wanted = newest
                     next_try, delay = 0.0, 0.5

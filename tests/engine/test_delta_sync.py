@@ -88,6 +88,75 @@ def test_round_trip_of_five_versions_is_bit_exact(store, namespace, tmp_path):
     assert _equal(two, states[2])
 
 
+def test_a_publisher_fed_live_tensors_keeps_its_own_base(store, namespace, tmp_path):
+    """Without `owned`, the caller's tensors change in place between versions (as a live model's):
+    the publisher's base is its own copy, brought up to each version as the delta is encoded, and
+    every version reads back bit-exact; a delta holds two streams, each tensor's xxh3_128 in the index."""
+    key = f"{namespace}/policy"
+    states = _versions(tmp_path, 4)
+    live = {k: t.clone() for k, t in states[0].items()}
+    pub = DeltaPublisher(10)
+    for v, state in enumerate(states):
+        if v:
+            for name, t in state.items():
+                if name in live and live[name].shape == t.shape:
+                    live[name].copy_(t)
+                else:
+                    live[name] = t.clone()
+        manifest = pub.publish(store, key, v, live, meta={"kind": "full"})
+        assert not any(p.data_ptr() == t.data_ptr() for p in pub.prev.values() for t in live.values())
+        if v:
+            assert sorted(manifest.files) == ["delta-00000.st.zst", "delta-00001.st.zst"]
+            assert all(len(e["xxh3_128"]) == 32 for e in manifest.meta["tensors"])
+    for v, state in enumerate(states):
+        assert _equal(fetch_state_dict(store, key, v, tmp_path / "cache")[0], state), v
+
+
+def test_a_failed_publish_makes_the_next_attempt_full(stack, store, namespace, tmp_path):
+    """Publishing v1 fails in S3 after its delta was encoded (the publisher's base is half way to
+    v1): the retry of v1 is a full snapshot, v2 a delta from it again, all bit-exact."""
+    from streamrft.config import S3Config
+
+    key = f"{namespace}/policy"
+    states = _versions(tmp_path, 3)
+    missing = WeightStore(S3Config(**{**stack.s3.model_dump(), "bucket": f"missing-{namespace}".lower()[:60]}))
+    for owned in (False, True):
+        k = f"{key}-{owned}"
+        pub = DeltaPublisher(10)
+        pub.publish(store, k, 0, {n: t.clone() for n, t in states[0].items()}, owned=owned)
+        with pytest.raises(Exception):
+            pub.publish(missing, k, 1, {n: t.clone() for n, t in states[1].items()}, owned=owned)
+        retry = pub.publish(store, k, 1, {n: t.clone() for n, t in states[1].items()}, owned=owned)
+        assert "delta_from" not in retry.meta
+        assert pub.publish(store, k, 2, {n: t.clone() for n, t in states[2].items()}, owned=owned
+                           ).meta["delta_from"] == 1
+        for v in (1, 2):
+            assert _equal(fetch_state_dict(store, k, v, tmp_path / "cache")[0], states[v]), (owned, v)
+
+
+def test_a_delta_written_before_xxh3_still_reads(store, namespace, tmp_path):
+    """A delta of the first format (one stream, no `file` in its index, `tensor_sha256` in its meta)
+    still applies, and its sha256 still catches a wrong reconstruction."""
+    from streamrft.engine.delta import encode_delta, state_sha256
+
+    key = f"{namespace}/policy"
+    states = _versions(tmp_path, 2)
+    DeltaPublisher(10).publish(store, key, 0, states[0])
+    files, index = encode_delta(states[0], states[1], tmp_path / "old", parts=1)
+    index = [{k: v for k, v in e.items() if k not in ("file", "xxh3_128")} for e in index]
+    meta = {"kind": "full", "delta_from": 0, "snapshot": 0, "full_every": 10, "tensors": index, "full_tensors": [],
+            "tensor_sha256": state_sha256(states[1])}
+    store.publish_version(key, 1, files, meta)
+    assert _equal(fetch_state_dict(store, key, 1, tmp_path / "cache")[0], states[1])
+    bad = f"{namespace}/bad"
+    DeltaPublisher(10).publish(store, bad, 0, states[0])
+    wrong = dict(meta["tensor_sha256"])
+    wrong[next(iter(wrong))] = "0" * 64
+    store.publish_version(bad, 1, files, {**meta, "tensor_sha256": wrong})
+    with pytest.raises(CorruptVersionError, match="does not match its checksum"):
+        fetch_state_dict(store, bad, 1, tmp_path / "cache")
+
+
 def test_a_drifted_local_copy_falls_back_to_the_snapshot(store, namespace, tmp_path, caplog):
     key = f"{namespace}/policy"
     states = _versions(tmp_path, 3)
@@ -97,7 +166,7 @@ def test_a_drifted_local_copy_falls_back_to_the_snapshot(store, namespace, tmp_p
     with caplog.at_level(logging.WARNING, logger="streamrft.engine.delta"):
         got, _ = fetch_state_dict(store, key, 2, tmp_path / "cache", (1, drifted))
     assert _equal(got, states[2])
-    assert "does not match its sha256" in caplog.text and "replaying from the full snapshot v0" in caplog.text
+    assert "does not match its checksum" in caplog.text and "replaying from the full snapshot v0" in caplog.text
 
 
 def _corrupt(store, name: str) -> None:

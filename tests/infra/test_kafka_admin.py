@@ -10,6 +10,7 @@ from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 from streamrft.infra import status
 from streamrft.infra.kafka import (
     committed_offsets,
+    consume_ready,
     ensure_topics,
     flush_or_raise,
     make_admin,
@@ -137,3 +138,23 @@ def test_partition_ends_returns_while_producers_write(stack, namespace):
         stop.set()
         writer.join(10)
     assert end.end >= 10
+
+
+def test_consume_ready_takes_what_has_come_without_waiting_out_its_timeout(stack, namespace):
+    """librdkafka's consume(64, timeout) returns 3 records only once its timeout has passed;
+    consume_ready returns them as soon as the first is there, and a loop-path consumer fetches
+    with kafka.fetch_wait_ms."""
+    topic = f"{namespace}.ready"
+    ensure_topics(stack.kafka, {topic: NewTopic(topic, num_partitions=1, replication_factor=1)})
+    _produce(stack.kafka, topic, 0, 3)
+    consumer = make_consumer(stack.kafka.model_copy(update={"fetch_wait_ms": 50}), None, loop_path=True)
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got, t0 = [], time.monotonic()
+        while len(got) < 3 and time.monotonic() - t0 < 30:
+            got += [m for m in consume_ready(consumer, 64, timeout=60) if m.error() is None]
+        assert [m.offset() for m in got] == [0, 1, 2]
+        assert time.monotonic() - t0 < 30  # never the 60 s timeout
+        assert consume_ready(consumer, 64, timeout=0.2) == []  # nothing new: the timeout, then nothing
+    finally:
+        consumer.close()

@@ -56,8 +56,10 @@ def test_every_backend_logs_the_same_series(tmp_path, monkeypatch):
     logger = MetricLogger(MonitorConfig(backends=["tensorboard", "wandb", "mlflow"], project="monitor-test"),
                           tmp_path, "run-a", {"lr": 0.003})
     # the trainer counts steps, explorers weight versions: both start again at their own 0/1
+    # each point at the time its role made it (created_at), not when the launcher read it
     for step in (1, 2, 3):
-        logger.log(Metric(role="trainer", role_id="trainer-1", step=step, values={"loss": 1.0 / step}))
+        logger.log(Metric(role="trainer", role_id="trainer-1", step=step, values={"loss": 1.0 / step},
+                          created_at=1.7e9 + step / 4))
         logger.log(Metric(role="explorer", role_id="explorer-0-99", step=step - 1, values={"groups": 4.0 * step}))
     logger.close()
     want = {"trainer/loss": [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))],
@@ -78,6 +80,14 @@ def test_every_backend_logs_the_same_series(tmp_path, monkeypatch):
     for name, points in want.items():
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
         assert history == points
+    assert sorted(m.timestamp for m in client.get_metric_history(run.info.run_id, "trainer/loss")) == [
+        1_700_000_000_250, 1_700_000_000_500, 1_700_000_000_750]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.wall_time for e in acc.Scalars("trainer/loss")] == [1.7e9 + 0.25, 1.7e9 + 0.5, 1.7e9 + 0.75]
 
 
 def test_a_backend_that_is_not_installed_is_a_config_error(tmp_path, monkeypatch):

@@ -331,3 +331,26 @@ def test_a_record_fetched_before_a_rebalance_is_never_acked_unprocessed(stack, n
     assert consumer.ack(message(6, generation=1, tracked=True)) is True    # processed by the agent
     assert consumer.ack(message(7, generation=2, tracked=False)) is True   # this generation's
     assert sorted(consumer._acked[TP(topic, 0)]) == [6, 7]
+
+
+def test_the_worker_fetches_with_kafka_fetch_wait_ms(stack, namespace, tmp_path):
+    """faust makes its aiokafka consumer with a fetch wait of 1500 ms, which the embedded broker
+    holds in full when nothing new is there; the worker's consumer fetches with kafka.fetch_wait_ms."""
+    import asyncio
+
+    from streamrft.config import RunConfig
+    from streamrft.stream_ops.app import make_app
+
+    cfg = RunConfig.model_validate({"model": {"path": "unused"}, "namespace": namespace, "output_dir": str(tmp_path),
+                                    "kafka": {"bootstrap": stack.kafka.bootstrap, "fetch_wait_ms": 37}})
+    app = make_app(cfg, "w-fetch-wait")
+
+    async def started_fetcher_wait() -> int:
+        kafka_consumer = app.consumer._thread._create_consumer(loop=asyncio.get_running_loop())
+        await kafka_consumer.start()
+        try:
+            return kafka_consumer._fetcher._fetch_max_wait_ms
+        finally:
+            await kafka_consumer.stop()
+
+    assert asyncio.run(started_fetcher_wait()) == 37
