@@ -40,7 +40,7 @@ from tests_helpers import demo_overrides, read_all, trainer_version
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
 SEED = int(os.environ.get("STREAMRFT_CHAOS_SEED", "7"))
-MAX_STEPS = 40
+MAX_STEPS = 120  # the chaos (8 kills, 2-8 s apart) must end first: at ~0.3 s a version, 40 did not last
 VICTIMS = ["explorer", "explorer", "stream-ops", "stream-ops", "trainer", "trainer", "tansu", "weed"]
 PROGRESS_TIMEOUT_S = 240  # no new trainer version for this long, all roles up: a stall
 
