@@ -48,6 +48,10 @@ class EvalConfig(Section):
     (`streamrft evaluate`; it skips versions rather than fall behind, and never pauses an explorer),
     or `explorer`, the explorer holding slot 0, between its generations (no engine of its own: for
     a GPU with no room for one). `gateway.evaluate` has the gateway evaluate instead (no evaluator)."""
+    nice: int = Field(10, ge=0, le=19)
+    """The evaluator role's CPU niceness (`os.nice`, 0 = as every role): on shared cores its evals
+    take the cycles the loop leaves, so they never slow the explorers or the trainer; a starved
+    evaluator skips versions instead of falling behind (`producers/evaluator.py`)."""
 
 
 class StageConfig(Section):

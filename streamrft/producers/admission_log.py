@@ -69,7 +69,8 @@ class AdmissionLog:
     def stop(self) -> None:
         """Publish the final ledger (nothing in flight) and wait until the broker has it."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=30)
         if self._producer is not None and self.failed is None:
             with self._lock:
                 self.in_flight = 0

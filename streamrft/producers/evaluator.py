@@ -5,7 +5,8 @@ default). It follows the weights topic as an explorer does (`WeightsWatcher`: fe
 chains), loads each version it takes into a rollout engine of its own and plays the eval tasks
 greedily (`evaluate.evaluate_run`) whenever the version it holds is at least `eval.every_versions`
 past the last one it evaluated: a slow eval skips versions, it never falls behind. Each result is an
-`eval_reward` metric of role `eval`. `eval.runner: explorer` evaluates inline in the explorer that
+`eval_reward` metric of role `eval`. The role runs at niceness `eval.nice`: on shared cores the
+loop's roles get the cycles first. `eval.runner: explorer` evaluates inline in the explorer that
 holds slot 0 instead (no engine of its own: a GPU with no room for one), pausing its generation.
 """
 from __future__ import annotations
@@ -90,6 +91,7 @@ class Evaluator:
 
 
 def run_evaluator(cfg: RunConfig) -> int:
+    os.nice(cfg.eval.nice)  # before the engine's imports and load: the loop's roles start first
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

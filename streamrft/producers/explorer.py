@@ -59,18 +59,29 @@ class Explorer:
         self.id = f"explorer-{index}-{os.getpid()}"
         self.stop = stop or threading.Event()
         ex = cfg.explorer
-        self.engine = engine_from_config(cfg)
-        self.params = SamplingParams(n=ex.group_size, max_new_tokens=ex.sampling.max_new_tokens,
-                                     temperature=ex.sampling.temperature, top_p=ex.sampling.top_p, top_k=ex.sampling.top_k)
-        self.producer = make_producer(cfg.kafka)
-        self.store = WeightStore(cfg.s3)
-        self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
-                                      Path(cfg.output_dir) / "cache" / self.id)
-        self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
-        self.per_version = groups_per_version(cfg.trainer.batch_groups, cfg.trainer.sync_interval)
         self.members = Membership(cfg.kafka, cfg.namespace, self.id, cfg.explorer.num_slots)
         # its ledger's key: unique per process start (pids repeat across machines and containers)
         self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
+        # joining the group waits for the broker's rebalance (3 s on the embedded one) and the
+        # admission counts for a read-back: both start here, so they overlap the engine's load
+        # (seconds of imports on shared cores) instead of following it. A mid-run joiner holds
+        # its slots that much longer before it generates; a failed load leaves the group at once.
+        self.members.start()
+        try:
+            self.admission.start()
+            self.engine = engine_from_config(cfg)
+            self.producer = make_producer(cfg.kafka)
+            self.store = WeightStore(cfg.s3)
+            self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
+                                          Path(cfg.output_dir) / "cache" / self.id)
+        except BaseException:
+            self.members.stop()
+            self.admission.stop()
+            raise
+        self.params = SamplingParams(n=ex.group_size, max_new_tokens=ex.sampling.max_new_tokens,
+                                     temperature=ex.sampling.temperature, top_p=ex.sampling.top_p, top_k=ex.sampling.top_k)
+        self.topic = topic_name(cfg.namespace, "rollouts", ex.team)
+        self.per_version = groups_per_version(cfg.trainer.batch_groups, cfg.trainer.sync_interval)
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.prom = role_metrics(cfg.monitor.prometheus, "explorer", index)
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
@@ -116,9 +127,7 @@ class Explorer:
         workflow = make_workflow(ex)
         if reader is not None:
             reader.start()
-        self.members.start()
-        self.watcher.start()
-        self.admission.start()
+        self.watcher.start()  # the membership and the admission log started before the engine's load
         evaluated = set()
         last_metric, t_start = time.monotonic(), time.monotonic()
         try:

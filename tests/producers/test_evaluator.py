@@ -3,13 +3,16 @@ once it is `eval.every_versions` past the last one evaluated (skipping versions 
 them), and its score is the eval of exactly those weights."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from streamrft.config import load_config  # noqa: E402
+from streamrft.config import dump_config, load_config  # noqa: E402
 from streamrft.engine.models import load_policy  # noqa: E402
 from streamrft.engine.rollout import engine_from_config  # noqa: E402
 from streamrft.engine.weights import publish_state_dict  # noqa: E402
@@ -92,3 +95,23 @@ def test_evaluator_scores_the_weights_it_holds(tmp_path, stack, namespace):
         engine.load_weights(states[v], v)
         assert ev.scores[v] == pytest.approx(evaluate_run(engine, tasks, cfg), abs=1e-9)
     assert result["evals"] == 2
+
+
+def test_the_evaluator_role_runs_niced(tmp_path, stack, namespace):
+    """`streamrft evaluate` lowers its own CPU priority by eval.nice before loading anything heavy."""
+    cfg = load_config("examples/cpu_demo.yaml", [
+        *stack_overrides(stack, tmp_path), f"namespace={namespace}", "stages=[]", "eval.nice=7",
+        "data.synthetic={task: reverse, train_size: 20, eval_size: 10, seed: 0}"])
+    cfg = prepare(cfg)
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "evaluate", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: proc.poll() is not None or os.getpriority(os.PRIO_PROCESS, proc.pid) == min(base + 7, 19), 60,
+                 "the evaluator at niceness +7")
+        assert proc.poll() is None, f"the evaluator exited with {proc.returncode}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
