@@ -15,22 +15,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from streamrft.config import RunConfig, dump_config, load_config
+from streamrft.launch.roles import spawn, start_server
 
 
 MAX_RESTARTS = 5
 """A role that exits non-zero is started again, at most this many times per run."""
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "streamrft.cli", *args], stdout=fh, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _write_roles(path: Path, procs: dict[str, subprocess.Popen]) -> None:
@@ -146,6 +139,8 @@ def run(config_path: str, overrides: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = load_config(config_path, overrides)
+    if cfg.fork_roles:
+        start_server()  # its imports overlap the stack's start, the warm-up and the start eval
     run_name = f"{cfg.namespace}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg.namespace = run_name
     out = (Path(cfg.output_dir) / run_name).resolve()
@@ -208,7 +203,7 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
                     **({"gateway": ["serve", *role_cfg]} if cfg.gateway.enabled else {}),
                     **({"evaluator": ["evaluate", *role_cfg]} if runs_evaluator(cfg) else {})}
         for name, args in commands.items():
-            procs[name] = _spawn(args, logs / f"{name}.log")
+            procs[name] = spawn(args, logs / f"{name}.log", cfg.fork_roles)
         restarts = dict.fromkeys(commands, 0)
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
         _write_roles(out / "roles.json", procs)
@@ -228,7 +223,7 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
                                        f"see {logs / (name + '.log')}")
                 restarts[name] += 1
                 print(f"{name} exited with {p.returncode}: restart {restarts[name]} of {MAX_RESTARTS}", flush=True)
-                procs[name] = _spawn(commands[name], logs / f"{name}.log")
+                procs[name] = spawn(commands[name], logs / f"{name}.log", cfg.fork_roles)
                 _write_roles(out / "roles.json", procs)
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()

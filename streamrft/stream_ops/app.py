@@ -388,7 +388,6 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
 
     last = {"t": time.monotonic(), "groups": 0, "trajectories": 0, "step": 0}
 
-    @app.timer(interval=METRICS_INTERVAL_S)
     async def report_metrics() -> None:
         now = time.monotonic()
         dt = max(now - last["t"], 1e-9)
@@ -410,6 +409,9 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
         if observe is not None:
             observe(metric)
         await metrics.send(key=worker_id.encode(), value=encode(metric))
+
+    app.timer(interval=METRICS_INTERVAL_S)(report_metrics)
+    app.final_report = report_metrics  # also once as the worker stops: a run shorter than the interval counts too
 
     @app.timer(interval=RESCAN_S)
     async def rescan_topics() -> None:
@@ -448,6 +450,12 @@ class BoundedStopWorker(faust.Worker):
             self._watchdog = threading.Timer(STOP_GRACE_S, self._exit_now)
             self._watchdog.daemon = True
             self._watchdog.start()
+            report = getattr(self.app, "final_report", None)
+            if report is not None and self.crash_reason is None:
+                try:  # the counters since the last report, sent before the producer flushes and stops
+                    await asyncio.wait_for(report(), timeout=5.0)
+                except Exception as e:  # a broker already gone: the stop goes on
+                    log.warning("stream-ops: the final metrics report failed: %s", e)
         await super().stop()
 
     def disarm(self) -> None:
