@@ -91,10 +91,10 @@ class RunConfig(Section):
     stages: list[StageConfig] = Field(default_factory=list)
     max_wall_s: float | None = Field(None, gt=0, **_FINITE)
     """Stop the run after this many seconds (None = at trainer.max_steps)."""
-    fork_roles: bool = True
+    fork_roles: bool = False
     """`streamrft run` forks its roles from a server that imported torch and transformers once
-    (`launch/roles.py`), instead of starting a fresh interpreter for each: the roles start seconds
-    sooner on few cores. false: `python -m streamrft.cli ROLE` each."""
+    (`launch/roles.py`), instead of starting a fresh interpreter for each (`python -m streamrft.cli
+    ROLE`, the default): the roles start seconds sooner on few cores. The CPU demo turns it on."""
 
     @property
     def weights_key(self) -> str:

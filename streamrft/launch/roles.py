@@ -1,5 +1,5 @@
 """How `streamrft run` starts its role processes: a fresh interpreter each, or forked from a server
-that imported torch and transformers once (`fork_roles`, the default).
+that imported torch and transformers once (`fork_roles: true`; the CPU demo's).
 
 Each role (`streamrft train|score|explore|evaluate|serve`) spends seconds of CPU importing torch
 and transformers before it does anything; five of them starting at once on two cores took about
@@ -52,6 +52,9 @@ def _role_main(args: list[str], log: str, env: dict[str, str], cwd: str) -> None
     os.chdir(cwd)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    numpy = sys.modules.get("numpy")  # `random` reseeds itself in a forked child; numpy's global
+    if numpy is not None:  # state would be the server's in every role (DataLoader's old pitfall)
+        numpy.random.seed()
     from streamrft.cli import main
 
     sys.exit(main(args))
