@@ -52,8 +52,9 @@ What cannot be matched, and how it was handled:
 - Start of the clock. TRL: before loading the checkpoint and building GRPOTrainer (after its
   imports). streamrft: when `streamrft run` spawns its roles (after starting its stack, creating
   topics and the start eval, which the "run ...: eval reward at start" line reports), so it includes
-  the roles' start: five processes importing torch and transformers and loading the model on the
-  shared cores (about 12-15 s here). "first step s" is when the first step / version was made, and
+  the roles' start: five processes loading the model on the shared cores (about 6-7 s here with
+  the demo's `fork_roles: true`, which imports torch and transformers once before the clock
+  starts; 12-15 s with a fresh interpreter per role). "first step s" is when the first step / version was made, and
   "s to it after" the time to the target counted from then: the two loops compared without their
   start.
 - Sampling order and RNG streams differ (different task shuffles and samplers): one run each, no
