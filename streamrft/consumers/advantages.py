@@ -41,8 +41,9 @@ class ValueModel(torch.nn.Module):
 def outcome_token_rewards(batch: Batch) -> torch.Tensor:
     """The sequence reward placed on each sequence's last trained token, zero elsewhere."""
     rewards = torch.zeros_like(batch.mask)
-    last = (batch.mask * torch.arange(batch.mask.shape[1])).argmax(dim=1)
-    rewards[torch.arange(len(batch)), last] = batch.rewards
+    device = batch.mask.device
+    last = (batch.mask * torch.arange(batch.mask.shape[1], device=device)).argmax(dim=1)
+    rewards[torch.arange(len(batch), device=device), last] = batch.rewards
     return rewards
 
 

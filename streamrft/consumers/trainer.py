@@ -85,6 +85,7 @@ class Trainer(Intake, UpdateLoop):
         self.model = self.engine.model  # with LoRA: wrapped with its adapters
         self.is_main = getattr(self.engine, "is_main", True)
         self.world = getattr(self.engine, "world", 1)
+        log.info("policy on %s: %s engine, %d rank(s)", next(self.model.parameters()).device, self.tc.engine, self.world)
         self._lock = checkpoint.lock(self.ckpt_dir) if self.is_main else None
         found = checkpoint.latest(self.ckpt_dir) if self.is_main else None
         if self.world > 1:  # every rank loads the checkpoint rank 0 chose, holding the lock (a collective)

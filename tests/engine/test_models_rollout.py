@@ -19,6 +19,8 @@ from streamrft.engine.sft import _batch, lr_factor, pair_sequence, sft_warmup  #
 from streamrft.producers.synthetic import ALPHABET  # noqa: E402
 
 PROMPTS = ["rev abc=", "rev hgfedc=", "rev a="]  # different lengths: exercises left padding
+# the engine's tests run on the CPU, and on the GPU where one is visible (`gpu`: skipped without one)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +30,10 @@ def model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir):
+@pytest.fixture(scope="module", params=DEVICES)
+def engine(model_dir, request):
     torch.set_num_threads(1)
-    return TransformersEngine(str(model_dir), max_batch=8)
+    return TransformersEngine(str(model_dir), device=request.param, max_batch=8)
 
 
 def _ids(engine, texts):
@@ -74,9 +76,9 @@ def test_engine_logprobs_match_teacher_forcing(engine):
             assert c.finish_reason == ("stop" if ends_on_eos else "length")
             assert engine.tokenizer.eos_token_id not in c.token_ids[:-1]
             assert c.text == engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            seq = torch.tensor([prompt + c.token_ids])
+            seq = torch.tensor([prompt + c.token_ids], device=engine.device)
             with torch.no_grad():
-                logits = engine.model(seq).logits[0, len(prompt) - 1 : -1] / temperature
+                logits = engine.model(seq).logits[0, len(prompt) - 1 : -1].cpu() / temperature
             expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
             assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
 
@@ -90,6 +92,24 @@ def test_greedy_is_deterministic_and_seed_repeats(engine):
     sampled = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, seed=7)
     x, y = engine.generate(prompts, sampled), engine.generate(prompts, sampled)
     assert [[c.token_ids for c in g] for g in x] == [[c.token_ids for c in g] for g in y]
+
+
+def test_a_seeded_generate_leaves_the_process_rngs_as_it_found_them(engine):
+    """A seed picks the samples without touching the global RNGs: the CPU's, and on a GPU that
+    device's (the one `generate` samples from there)."""
+    prompts = _ids(engine, PROMPTS)
+    on_gpu = engine.device.startswith("cuda")
+    torch.manual_seed(123)
+    cpu_before = torch.get_rng_state()
+    gpu_before = torch.cuda.get_rng_state() if on_gpu else None
+    engine.generate(prompts, SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=5))
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+    if on_gpu:
+        assert torch.equal(torch.cuda.get_rng_state(), gpu_before)
+    unseeded = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=4, temperature=1.0))
+    assert not torch.equal(torch.cuda.get_rng_state() if on_gpu else torch.get_rng_state(),
+                           gpu_before if on_gpu else cpu_before)  # an unseeded call draws from them
+    assert len(unseeded) == len(prompts)
 
 
 def test_shared_prefill_equals_one_prefill_per_sample(engine):
@@ -109,8 +129,9 @@ def test_shared_prefill_equals_one_prefill_per_sample(engine):
             assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
 
 
-def test_load_weights_changes_outputs(model_dir):
-    eng = TransformersEngine(str(model_dir), max_batch=8)
+@pytest.mark.parametrize("device", DEVICES)
+def test_load_weights_changes_outputs(model_dir, device):
+    eng = TransformersEngine(str(model_dir), device=device, max_batch=8)
     prompts = _ids(eng, PROMPTS)
     greedy = SamplingParams(n=1, max_new_tokens=6, temperature=0)
     before = eng.generate(prompts, greedy)
@@ -121,7 +142,8 @@ def test_load_weights_changes_outputs(model_dir):
     after = eng.generate(prompts, greedy)
     assert eng.version == 3
     assert [g[0].logprobs for g in before] != [g[0].logprobs for g in after]
-    assert torch.equal(eng.model.state_dict()["model.norm.weight"], new["model.norm.weight"])
+    assert torch.equal(eng.model.state_dict()["model.norm.weight"].cpu(), new["model.norm.weight"])
+    assert eng.model.model.norm.weight.device.type == torch.device(device).type  # loaded where the engine runs
     with pytest.raises(KeyError):
         eng.load_weights({"not.a.param": torch.zeros(1)}, version=4)
 

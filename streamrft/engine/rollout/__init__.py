@@ -5,6 +5,8 @@ importing this package pulls in neither torch nor vllm.
 """
 from __future__ import annotations
 
+import logging
+
 from streamrft.engine.rollout.base import Completion, RolloutEngine, SamplingParams
 
 ENGINE_TYPES = ("transformers", "vllm")
@@ -29,7 +31,10 @@ def engine_from_config(cfg) -> RolloutEngine:
     # vLLM must enable LoRA when it is built; the transformers engine merges whatever comes
     extra = ({"gpu_memory_utilization": e.gpu_memory_utilization, "kv_cache_gib": e.kv_cache_gib, "lora": cfg.model.lora}
              if e.type == "vllm" else {})
-    return make_engine(e.type, cfg.model.path, device=e.device, dtype=e.dtype or cfg.model.dtype, max_batch=e.max_batch, **extra)
+    dtype = e.dtype or cfg.model.dtype
+    engine = make_engine(e.type, cfg.model.path, device=e.device, dtype=dtype, max_batch=e.max_batch, **extra)
+    logging.getLogger(__name__).info("rollout engine: %s on %s, %s", e.type, e.device, dtype)
+    return engine
 
 
 __all__ = ["engine_from_config", "Completion", "ENGINE_TYPES", "RolloutEngine", "SamplingParams", "make_engine"]

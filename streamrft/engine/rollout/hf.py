@@ -43,7 +43,10 @@ class TransformersEngine:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
         per_call = max(1, self.max_batch // params.n)
         out: list[list[Completion]] = []
-        with torch.random.fork_rng(devices=[], enabled=params.seed is not None):
+        # a seeded call leaves the process's RNGs as it found them: the CPU's, and the GPU's it samples on
+        gpu = torch.device(self.device)
+        forked = [torch.cuda.current_device() if gpu.index is None else gpu.index] if gpu.type == "cuda" else []
+        with torch.random.fork_rng(devices=forked, enabled=params.seed is not None):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(prompt_ids), per_call):
