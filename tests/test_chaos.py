@@ -192,17 +192,20 @@ def test_kill_every_role_and_both_servers_loses_nothing_and_trains_nothing_twice
     assert announced == sorted(announced), f"announcements went backwards: {announced}"
 
     # every rollout group: an experience, a zero-variance group, or a dead letter
-    groups = {}
+    groups, where = {}, {}
     for m in read_all(kafka, rollouts):
         g = decode(m.value(), RolloutGroup)
         groups.setdefault(g.group_id, g)
+        where.setdefault(g.group_id, (m.partition(), m.offset(), g.producer_id, g.trajectories[0].model_version))
     experiences = [decode(m.value(), ExperienceGroup) for m in read_all(kafka, topic_name(ns, "experiences"))]
     dead = [decode(m.value(), DeadLetter) for m in read_all(kafka, topic_name(ns, "dlq"))]
     assert not dead, f"valid groups were dead-lettered: {[d.reason for d in dead][:5]}"
     scored = {e.group_id for e in experiences}
     scorer = build_scorer(cfg)
     unaccounted = [gid for gid, g in groups.items() if gid not in scored and scorer(g) is not None]
-    assert not unaccounted, f"{len(unaccounted)} of {len(groups)} rollout groups became nothing"
+    assert not unaccounted, (f"{len(unaccounted)} of {len(groups)} rollout groups became nothing: "
+                             f"(partition, offset, producer, model version) {[where[g] for g in unaccounted]}; "
+                             f"kills {kills}\n" + (tmp_path / "logs" / "stream-ops.log").read_text()[-3000:])
     print(f"rollout groups {len(groups)}, experiences {len(experiences)} ({len(scored)} distinct), "
           f"filtered {len(groups) - len(scored)}")
 
