@@ -29,9 +29,12 @@ float32 (TRL's GRPOConfig defaults to bf16: turned off), seed trainer.seed.
 
 What cannot be matched, and how it was handled:
 - Asynchrony. streamrft's explorers sample with weights up to trainer.max_staleness versions old
-  while the trainer trains, and the PPO ratio is taken against the explorers' behaviour log-probs;
-  TRL generates with the current weights, then trains (num_iterations 1: its ratio is exactly 1,
-  the clip never binds). Left as it is: that difference is what is being compared. The figures
+  while the trainer trains; TRL generates with the current weights, then trains (num_iterations 1:
+  its ratio is exactly 1, the clip never binds). The demo's decoupled PPO takes its ratio against
+  the trainer's weights at the start of the step (1 at one epoch, as TRL's) and weights each token
+  by min(pi / pi_behaviour, 2), the explorers' log-probs being pi_behaviour; with plain PPO (the
+  ratio against pi_behaviour) the clip bound on about 6% of the tokens. Left as it is: that
+  difference is what is being compared. The figures
   are per optimiser step / version on both sides, and the trainer's stale drops are in its final
   line.
 - Zero-variance groups. streamrft's stream ops drop groups whose 8 rewards are equal
@@ -255,7 +258,7 @@ def print_mapping(cfg, a) -> None:
         ("grad clip", f"max_grad_norm={tr.grad_clip}", f"trainer.grad_clip={tr.grad_clip}"),
         ("PPO epochs", f"num_iterations={tr.ppo_epochs}", f"trainer.ppo_epochs={tr.ppo_epochs}"),
         ("clip", f"epsilon={ppo.get('clip_low', 0.2)}, epsilon_high={ppo.get('clip_high', 0.2)}",
-         "policy_loss ppo clip 0.2/0.2"),
+         f"policy_loss {cfg.algorithm.policy_loss.type or 'ppo'} clip {ppo.get('clip_low', 0.2)}/{ppo.get('clip_high', 0.2)}"),
         ("KL", f"beta={cfg.algorithm.kl.coef}", f"algorithm.kl.coef={cfg.algorithm.kl.coef}"),
         ("aggregation", "loss_type=dapo (active tokens of the step)", "token-mean (grpo preset)"),
         ("advantage", "scale_rewards=group, (r-mean)/(std+1e-4)", "grpo: (r-mean)/(std+1e-6)"),

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("algo", ["grpo", "dr_grpo", "rloo", "gspo", "cispo", "ppo", "reinforce_pp", "opd"])
 def test_run_with_each_online_algorithm(stack, tmp_path, algo):
-    extra = [f"algorithm.type={algo}", "trainer.max_steps=2", "explorer.num_explorers=1", "eval.every_versions=0"]
+    # policy_loss.type=null: each type's own loss, not the demo's decoupled PPO
+    extra = [f"algorithm.type={algo}", "algorithm.policy_loss.type=null", "trainer.max_steps=2",
+             "explorer.num_explorers=1", "eval.every_versions=0"]
     if algo == "opd":  # distil from the SFT-warmed model into itself: advantages ~ 0 but the path runs
         extra.append(f"algorithm.advantage.params={{teacher_path: {tmp_path / 'base'}}}")
     if algo in ("ppo", "reinforce_pp", "opd"):
