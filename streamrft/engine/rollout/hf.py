@@ -32,6 +32,10 @@ class TransformersEngine:
         self.model.generation_config = GenerationConfig(bos_token_id=own.bos_token_id, eos_token_id=own.eos_token_id,
                                                         pad_token_id=own.pad_token_id)
         self.device = device
+        # a seeded `generate` leaves the process's RNGs as it found them: the CPU's, and the GPU's it samples on
+        gpu = torch.device(device)
+        self._rng_devices = ([torch.cuda.current_device() if gpu.index is None else gpu.index]
+                             if gpu.type == "cuda" else [])
         self.max_batch = max_batch
         self.version = 0
         self._base: dict[str, torch.Tensor] = {}  # W0 of each weight a LoRA version adapted so far
@@ -43,10 +47,7 @@ class TransformersEngine:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
         per_call = max(1, self.max_batch // params.n)
         out: list[list[Completion]] = []
-        # a seeded call leaves the process's RNGs as it found them: the CPU's, and the GPU's it samples on
-        gpu = torch.device(self.device)
-        forked = [torch.cuda.current_device() if gpu.index is None else gpu.index] if gpu.type == "cuda" else []
-        with torch.random.fork_rng(devices=forked, enabled=params.seed is not None):
+        with torch.random.fork_rng(devices=self._rng_devices, enabled=params.seed is not None):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(prompt_ids), per_call):
