@@ -159,6 +159,7 @@ OUT_OF_RANGE = [
     ("kafka.partitions=0", "kafka.partitions: must be >= 1 (got 0)"),
     ("kafka.replication_factor=0", "kafka.replication_factor: must be >= 1 (got 0)"),
     ("kafka.fetch_wait_ms=0", "kafka.fetch_wait_ms: must be >= 1 and <= 10000 (got 0)"),
+    ("kafka.gap_wait_s=-1", "kafka.gap_wait_s: must be >= 0 and <= 600 (got -1)"),
     ("stack.kafka_port=0", "stack.kafka_port: must be >= 1 and <= 65535 (got 0)"),
     ("stack.s3_port=65536", "stack.s3_port: must be >= 1 and <= 65535 (got 65536)"),
     ("stack.weed_port_base=65530", "stack.weed_port_base: must be >= 1 and <= 65527 (got 65530)"),

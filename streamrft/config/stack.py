@@ -27,6 +27,12 @@ class KafkaConfig(Section):
     loop waits up to this long (with librdkafka's default 500 ms the CPU demo's trainer waited a
     median 0.50 s a step); each idle fetch costs the broker's S3 a few ms of CPU, so not much
     lower. (The explorers' admission log fetches every 100 ms, the other consumers every 500.)"""
+    gap_wait_s: float = Field(10.0, ge=0, le=600)
+    """How long a consumer waits for records missing from a partition's offsets (it read N, the
+    broker then gave N+k) before taking them as empty (`infra/offset_gaps.py`). The embedded broker
+    lists a later batch before an earlier one around its S3 store's restarts, and leaves offsets
+    that no record fills; a consumer that moved on would never read the late records. 0 turns the
+    check off: needed where producers use transactions (their markers take offsets no record fills)."""
     partitions: int = Field(4, ge=1)
     """Partitions of the run's rollouts and experiences topics (the unit of stream-ops scaling)."""
     replication_factor: int = Field(1, ge=1)

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaException
 
 from streamrft.consumers.admission import Counts, admit_trajectories, oldest_head
 from streamrft.infra.kafka import consume_ready
+from streamrft.infra.offset_gaps import take_contiguous
 from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, RolloutGroup, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -76,12 +77,14 @@ class Intake:
             key = f"{tp.topic}:{tp.partition}"
             if key in self.position:
                 tp.offset = self.position[key]
+            self.offset_gaps.expect((tp.topic, tp.partition), self.position.get(key))
         consumer.assign(partitions)
 
     def _poll(self, timeout: float) -> None:
         """Fetch records into `pending`. Consume errors are logged (librdkafka recovers from them
         by itself, e.g. while a broker restarts) and fatal ones raised."""
-        for m in consume_ready(self.consumer, 64, timeout):
+        # never past a record the broker has not listed yet (`infra/offset_gaps.py`)
+        for m in take_contiguous(self.consumer, self.offset_gaps, consume_ready(self.consumer, 64, timeout)):
             err = m.error()
             if err is None:
                 self.pending.append(m)

@@ -59,6 +59,7 @@ from streamrft.consumers.intake import Intake
 from streamrft.consumers.update import Objective, UpdateLoop
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.objectstore import WeightStore
+from streamrft.infra.offset_gaps import OffsetGaps
 from streamrft.monitor.loggers import MetricLogger
 from streamrft.monitor.prometheus import role_metrics
 from streamrft.schemas import DecodeError, ExperienceGroup, Metric, WeightVersion, decode, encode, topic_name
@@ -157,6 +158,7 @@ class Trainer(Intake, UpdateLoop):
                 admission = topic_name(ns, "admission")
                 ensure_topics(cfg.kafka, {admission: run_topics(cfg.kafka, ns)[admission]})
             self.consumer = make_consumer(cfg.kafka, f"{ns}.trainer", loop_path=True)
+            self.offset_gaps = OffsetGaps(cfg.kafka.gap_wait_s, name="trainer")
             self.consumer.subscribe([self.topic], on_assign=self._on_assign)
             if self.replay:
                 self._start_replay()
@@ -496,7 +498,8 @@ class Trainer(Intake, UpdateLoop):
                 self.publish(checkpoint_due=self.versions_since_ckpt + 1 >= self.tc.checkpoint_every)
             metrics.update(version=self.state.version, wait_s=t1 - t0, step_s=t2 - t1, publish_s=time.monotonic() - t2,
                            **({"loop_latency_s": latency} if latency is not None else {}),
-                           **{f"count_{k}": v for k, v in self.counts.as_dict().items()})
+                           **{f"count_{k}": v for k, v in self.counts.as_dict().items()},
+                           **(self.offset_gaps.stats() if self.is_main else {}))
             self.metric(metrics)
             if self.progress is not None:
                 self.progress.update(self._replay_read() - start - self.progress.n)

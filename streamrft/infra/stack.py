@@ -132,6 +132,8 @@ class EmbeddedStack:
         self.config = StackState(host, kafka_port, s3_port, weed_port_base,
                                  sorted({TANSU_BUCKET, *buckets}))
         self._children: dict[int, subprocess.Popen] = {}
+        self.tansu_s3_endpoint: str | None = None  # where Tansu reaches S3, if not the store itself
+        # (a test's fault-injecting proxy: `infra.chaos.DelayingS3Proxy`); read when Tansu starts
 
     # ---- state -------------------------------------------------------------------------
     def load_state(self) -> StackState | None:
@@ -172,7 +174,7 @@ class EmbeddedStack:
 
     def _tansu_env(self, s: StackState) -> dict[str, str]:
         return {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY,
-                "AWS_ENDPOINT": f"http://{s.s3}", "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+                "AWS_ENDPOINT": self.tansu_s3_endpoint or f"http://{s.s3}", "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.data_dir / "logs" / f"{name}.log"

@@ -44,9 +44,11 @@ from pathlib import Path
 from typing import Awaitable, Callable, NamedTuple
 
 import faust
+from faust.types import TP
 from confluent_kafka import KafkaException
 
 from streamrft.config import KafkaConfig, RunConfig
+from streamrft.infra.offset_gaps import REWIND_PAUSE_S, OffsetGaps
 from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, TaskOutcome, encode,
                                rollouts_pattern, topic_name)
 from streamrft.stream_ops.scoring import Scored, ScoringError, build_scorer
@@ -240,14 +242,19 @@ def matching_topics(cfg: KafkaConfig, namespace: str) -> list[str]:
 
 
 class StreamOpsApp(faust.App):
-    """faust's App with one fix and one setting faust does not expose.
+    """faust's App with two fixes and one setting faust does not expose.
 
-    The fix: a record fetched before a rebalance is never acked unprocessed. faust's stream skips
+    The first fix: a record fetched before a rebalance is never acked unprocessed. faust's stream skips
     records fetched in an older consumer generation (it will fetch them again from the committed
     offset) but still acks them, so their offsets join the acked set and the next commit can move
     past records that no agent has processed yet: a crash then loses them. The consumer here
     refuses exactly those acks (untracked, older generation); records the agent processed are
     tracked and acked as before.
+
+    The second fix: a record past a hole in a partition's offsets is not handed on (`_contiguous`,
+    `infra.offset_gaps`): the embedded broker lists a later batch before an earlier one when its S3
+    writes finish out of order (a loaded or restarting store), and faust counts the offsets it
+    jumped as acked, so the next commit passes records no agent has seen.
 
     The setting: faust creates its aiokafka consumer with `fetch_max_wait_ms=1500`, and the embedded
     broker holds a fetch that finds nothing new for all of it, so a rollout waited up to 1.5 s to
@@ -256,6 +263,8 @@ class StreamOpsApp(faust.App):
     """
 
     fetch_wait_ms: int | None = None
+    gap_wait_s: float = 10.0
+    offset_gaps: OffsetGaps | None = None  # made with the consumer
 
     def _new_consumer(self):
         consumer = super()._new_consumer()
@@ -278,7 +287,38 @@ class StreamOpsApp(faust.App):
             return ack(message)
 
         consumer.ack = ack_unless_skipped_stale
+        consumer.getmany = self._contiguous(consumer, consumer.getmany)
         return consumer
+
+    def _contiguous(self, consumer, getmany):
+        """faust's `getmany` behind `OffsetGaps`: a record past a hole is not handed on (faust would
+        count the hole's offsets as acked and commit past them); the partition is sought back to the
+        hole until its records arrive or `gap_wait_s` passes. Each consumer generation starts every
+        partition at its committed offset (faust seeks there on assignment)."""
+        gaps = self.offset_gaps = OffsetGaps(self.gap_wait_s, name="stream-ops")
+        started: dict[TP, int] = {}  # partition -> the consumer generation its expectation is from
+
+        async def contiguous_getmany(timeout: float):
+            rewound: set[TP] = set()
+            async for tp, message in getmany(timeout=timeout):
+                if tp in rewound:
+                    continue
+                if started.get(tp) != message.generation_id:
+                    started[tp] = message.generation_id
+                    gaps.expect(tp, consumer._committed_offset.get(tp))
+                back = gaps.rewind(tp, message.offset)
+                if back is None:
+                    yield tp, message
+                    continue
+                rewound.add(tp)
+                try:
+                    await consumer.seek_wait({tp: back})
+                except Exception as e:  # revoked meanwhile: the next generation starts it again
+                    log.warning("stream-ops: could not seek %s back to %d: %s", tp, back, e)
+                    started.pop(tp, None)
+                await asyncio.sleep(REWIND_PAUSE_S)
+
+        return contiguous_getmany
 
 
 def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] | None = None) -> faust.App:
@@ -303,6 +343,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
         datadir=str(datadir),
     )
     app.fetch_wait_ms = cfg.kafka.fetch_wait_ms
+    app.gap_wait_s = cfg.kafka.gap_wait_s
     names = matching_topics(cfg.kafka, ns) or [topic_name(ns, "rollouts", cfg.explorer.team)]
     rollouts = app.topic(*names)
     experiences = app.topic(topic_name(ns, "experiences"))
@@ -402,6 +443,8 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
             latencies.clear()
         values["score_s"] = busy["score_s"]  # summed over records scoring at once: may exceed wall time
         values["reward_fallbacks"] = scorer.stats["fallbacks"]
+        if app.offset_gaps is not None:
+            values.update(app.offset_gaps.stats())
         if scorer.cleaning is not None:
             values.update(scorer.cleaning.metrics())  # counted when processed (a redone record counts again)
         last.update(t=now, groups=counters.groups, trajectories=counters.trajectories, step=last["step"] + 1)

@@ -1,0 +1,106 @@
+"""Never read past a record the broker has not listed yet.
+
+The embedded broker (Tansu on S3) gives each produced batch its offsets first and writes the batch
+to S3 after; when two writes finish out of order (a loaded S3 server, or one restarting), a fetch
+made in between lists the later batch and not the earlier one. A consumer that takes the record
+after the hole moves past the records in it for good: librdkafka never goes back, and faust counts
+the offsets it jumped as acked, so stream ops committed past rollout groups it had never read
+(`benchmarks/offset_gaps.py`: with half the S3 writes held back up to 0.2 s, a plain live consumer
+missed 52 of 1061 records; a stream-ops worker, 59 of 1459 groups; the chaos test once lost one).
+Broker and S3 restarts also leave offsets that no record ever fills (a batch whose write failed:
+its producer sent it again under new offsets).
+
+`OffsetGaps` keeps, per partition, the next offset a consumer should see. A record past it is
+held back and the consumer sent back to that offset (`rewind`) until the missing records arrive,
+for at most `wait_s`; after that the offsets are taken as empty, logged and counted. Our topics
+are written without transactions and never compacted, so on any broker their offsets are
+contiguous, and a record past the next offset always means a hole. (A cluster whose producers use
+transactions puts a marker at an offset no record fills: set `kafka.gap_wait_s: 0` there.)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Hashable
+
+from confluent_kafka import Consumer, TopicPartition
+
+log = logging.getLogger(__name__)
+
+REWIND_PAUSE_S = 0.05  # between two rewinds over the same hole: the broker lists it again no faster
+
+
+class OffsetGaps:
+    """Which records a consumer may take: per partition key, the next offset expected."""
+
+    def __init__(self, wait_s: float, clock: Callable[[], float] = time.monotonic, name: str = "consumer"):
+        self.wait_s = wait_s
+        self.clock = clock
+        self.name = name
+        self.next: dict[Hashable, int] = {}
+        self.since: dict[Hashable, tuple[int, float]] = {}  # key -> (missing offset, first seen)
+        self.holes_filled = 0  # holes whose records arrived while we waited
+        self.holes_skipped = 0  # holes taken as empty after `wait_s`
+        self.offsets_skipped = 0
+        self.fill_waits: list[float] = []  # seconds each filled hole took to fill
+
+    def expect(self, key: Hashable, offset: int | None) -> None:
+        """The consumer was (re)positioned: `offset` comes next (None: whatever comes next)."""
+        self.since.pop(key, None)
+        if offset is None or offset < 0:
+            self.next.pop(key, None)
+        else:
+            self.next[key] = offset
+
+    def forget(self, key: Hashable) -> None:
+        self.expect(key, None)
+
+    def rewind(self, key: Hashable, offset: int) -> int | None:
+        """None: take the record at `offset`. Else the offset to go back to: the record is past a
+        hole that may still fill, and neither it nor any later record of the partition may be taken
+        now."""
+        expected = self.next.get(key)
+        if expected is not None and offset > expected and self.wait_s > 0:
+            now = self.clock()
+            missing, since = self.since.setdefault(key, (expected, now))
+            if missing != expected:
+                self.since[key] = (expected, now)
+                since = now
+            if now - since < self.wait_s:
+                return expected
+            self.holes_skipped += 1
+            self.offsets_skipped += offset - expected
+            log.warning("%s: offsets %d-%d of %s never appeared in %.0f s: taken as empty", self.name, expected,
+                        offset - 1, key, now - since)
+        elif key in self.since and expected is not None and offset == expected:
+            self.holes_filled += 1
+            self.fill_waits.append(self.clock() - self.since[key][1])
+        self.since.pop(key, None)
+        self.next[key] = offset + 1  # a record before the next offset (a broker redelivery) is taken too
+        return None
+
+    def stats(self) -> dict[str, int]:
+        return {"offset_holes_filled": self.holes_filled, "offset_holes_skipped": self.holes_skipped,
+                "offsets_skipped": self.offsets_skipped}
+
+
+def take_contiguous(consumer: Consumer, gaps: OffsetGaps, msgs: list) -> list:
+    """The records of a `consume`/`poll` result the consumer may take (errors pass through); for a
+    partition with a hole, seeks back to it and drops the partition's records after it."""
+    out, rewound = [], set()
+    for m in msgs:
+        if m.error() is not None:
+            out.append(m)
+            continue
+        key = (m.topic(), m.partition())
+        if key in rewound:
+            continue
+        back = gaps.rewind(key, m.offset())
+        if back is None:
+            out.append(m)
+            continue
+        rewound.add(key)
+        consumer.seek(TopicPartition(m.topic(), m.partition(), back))
+    if rewound:
+        time.sleep(REWIND_PAUSE_S)
+    return out
