@@ -12,17 +12,122 @@ same behind `infra.offset_gaps.take_contiguous`. Afterwards the topic is read ba
 Prints, for each consumer, the records on the topic it never delivered; the holes the guard met,
 how many filled (records the broker listed late) and after how long, how many it took as empty;
 and the offsets no record fills.
+
+Then the same slowed writes under a stream-ops worker (`python -m streamrft.stream_ops.cli_entry`,
+`kafka.fetch_wait_ms=500`), with the guard off (`kafka.gap_wait_s=0`) and on, one after the other
+on fresh stacks: 4 producers write rollout groups (rewards 1 and 0: never filtered) for
+`--seconds`; once the worker's committed offset reaches the topic's end, the groups on the topic
+with no experience are the ones it committed past without scoring.
 """
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
+import yaml
+from confluent_kafka import TopicPartition
+
 from streamrft.config import KafkaConfig
-from streamrft.infra.chaos import read_through_server_kills
+from streamrft.infra.chaos import DelayingS3Proxy, read_through_server_kills
+from streamrft.infra.kafka import (committed_offsets, ensure_topics, flush_or_raise, make_consumer, make_producer,
+                                   partition_ends, run_topics)
 from streamrft.infra.stack import EmbeddedStack, free_ports
+from streamrft.schemas import ExperienceGroup, RolloutGroup, Task, Trajectory, decode, encode, topic_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rollout_group(gid: str) -> RolloutGroup:
+    task = Task(task_id=f"task-{gid}", prompt="2+2=", answer="4")
+    return RolloutGroup(group_id=gid, team="red", task=task, trajectories=[
+        Trajectory(traj_id=f"{gid}-{i}", group_id=gid, task_id=task.task_id, team="red", model_version=0,
+                   prompt_ids=[1, 2], response_ids=[3], logprobs=[-0.1], response_text=text)
+        for i, text in enumerate(["4", "5"])])
+
+
+def read_back(kafka: KafkaConfig, topic: str) -> list:
+    """Every record of `topic`, read after the writes are over, to each partition's last record."""
+    ends = [e for e in partition_ends(kafka, topic) if e.end > e.start]
+    consumer = make_consumer(kafka, None)
+    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+    left, out, deadline = {e.partition: e.end for e in ends}, [], time.monotonic() + 120
+    try:
+        while left and time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.5):
+                if m.error() is None:
+                    out.append(m)
+                    if m.offset() + 1 >= left.get(m.partition(), 0):
+                        left.pop(m.partition(), None)
+    finally:
+        consumer.close()
+    return out
+
+
+def stream_ops_under_slow_writes(gap_wait_s: float, seconds: float, seed: int) -> tuple[int, int]:
+    """(groups on the topic, groups the worker never scored) under writes slowed by a proxy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        es = EmbeddedStack(Path(tmp) / "stack", **free_ports())
+        state = es.up()
+        proxy = DelayingS3Proxy(state.s3, max_delay_s=0.2, seed=seed)
+        worker = None
+        try:
+            es.kill("tansu")
+            es.tansu_s3_endpoint = proxy.url
+            es.restart("tansu")
+            kafka = KafkaConfig(bootstrap=state.kafka, partitions=1, fetch_wait_ms=500, gap_wait_s=gap_wait_s)
+            ns = "gaps"
+            ensure_topics(kafka, run_topics(kafka, ns, teams=("red",)))
+            red = topic_name(ns, "rollouts", "red")
+            config = Path(tmp) / "run.yaml"
+            config.write_text(yaml.safe_dump({
+                "namespace": ns, "output_dir": str(Path(tmp) / "out"), "model": {"path": "unused"},
+                "stack": {"embedded": False}, "kafka": kafka.model_dump(), "explorer": {"team": "red"},
+                "stream_ops": {"rewards": [{"name": "exact_match"}]}}))
+            with open(Path(tmp) / "worker.log", "wb") as log:
+                worker = subprocess.Popen([sys.executable, "-m", "streamrft.stream_ops.cli_entry", str(config),
+                                           "--worker-id", "w1"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            stop = threading.Event()
+
+            def produce(index: int) -> None:
+                rng, producer, n = random.Random(seed * 10 + index), make_producer(kafka), 0
+                while not stop.is_set():
+                    for _ in range(rng.randint(1, 4)):
+                        gid = f"p{index}-{n}"
+                        producer.produce(red, encode(rollout_group(gid)), gid.encode())
+                        n += 1
+                    flush_or_raise(producer)
+                    time.sleep(rng.uniform(0, 0.03))
+
+            threads = [threading.Thread(target=produce, args=(i,), daemon=True) for i in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(seconds)
+            stop.set()
+            for t in threads:
+                t.join(60)
+            ends = {e.partition: e.end for e in partition_ends(kafka, red)}
+            deadline = time.monotonic() + 120
+            while committed_offsets(kafka, f"{ns}.stream-ops", red, list(ends)) != ends:
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError(f"the worker did not commit to the end; see {tmp}/worker.log")
+                time.sleep(0.5)
+            on_topic = {decode(m.value(), RolloutGroup).group_id for m in read_back(kafka, red)}
+            scored = {decode(m.value(), ExperienceGroup).group_id
+                      for m in read_back(kafka, topic_name(ns, "experiences"))}
+            return len(on_topic), len(on_topic - scored)
+        finally:
+            if worker is not None and worker.poll() is None:
+                worker.terminate()
+                worker.wait(30)
+            es.down()
+            proxy.close()
 
 
 def main() -> None:
@@ -53,6 +158,11 @@ def main() -> None:
             print(f"  kills: {', '.join(r.kills)}")
         if r.lost:
             print(f"  acked but not on the topic: {len(r.lost)}")
+    print(f"\nstream-ops worker, slow S3 writes, fetch wait 500 ms, {args.seconds:.0f} s of writes")
+    print(f"{'kafka.gap_wait_s':<18}{'groups on topic':>16}{'never scored':>14}")
+    for wait in (0.0, args.gap_wait_s):
+        groups, lost = stream_ops_under_slow_writes(wait, args.seconds, args.seed)
+        print(f"{wait:<18g}{groups:>16}{lost:>14}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ made in between lists the later batch and not the earlier one. A consumer that t
 after the hole moves past the records in it for good: librdkafka never goes back, and faust counts
 the offsets it jumped as acked, so stream ops committed past rollout groups it had never read
 (`benchmarks/offset_gaps.py`: with half the S3 writes held back up to 0.2 s, a plain live consumer
-missed 52 of 1061 records; a stream-ops worker, 59 of 1459 groups; the chaos test once lost one).
+missed 52 of 1061 records; a stream-ops worker committed past 2 of 691 groups, in a longer run 59
+of 1459; the chaos test once lost one).
 Broker and S3 restarts also leave offsets that no record ever fills (a batch whose write failed:
 its producer sent it again under new offsets).
 
