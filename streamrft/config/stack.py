@@ -30,8 +30,9 @@ class KafkaConfig(Section):
     gap_wait_s: float = Field(10.0, ge=0, le=600)
     """How long a consumer waits for records missing from a partition's offsets (it read N, the
     broker then gave N+k) before taking them as empty (`infra/offset_gaps.py`). The embedded broker
-    lists a later batch before an earlier one around its S3 store's restarts, and leaves offsets
-    that no record fills; a consumer that moved on would never read the late records. 0 turns the
+    lists a later batch before an earlier one when its S3 writes finish out of order (a loaded or
+    restarting store), and its restarts leave offsets that no record fills; a consumer that moved
+    on would never read the late records. 0 turns the
     check off: needed where producers use transactions (their markers take offsets no record fills)."""
     partitions: int = Field(4, ge=1)
     """Partitions of the run's rollouts and experiences topics (the unit of stream-ops scaling)."""
