@@ -32,12 +32,11 @@ import time
 from pathlib import Path
 
 import yaml
-from confluent_kafka import TopicPartition
 
 from streamrft.config import KafkaConfig
 from streamrft.infra.chaos import DelayingS3Proxy, read_through_server_kills
-from streamrft.infra.kafka import (committed_offsets, ensure_topics, flush_or_raise, make_consumer, make_producer,
-                                   partition_ends, run_topics)
+from streamrft.infra.kafka import (committed_offsets, ensure_topics, flush_or_raise, make_producer, partition_ends,
+                                   read_topic, run_topics)
 from streamrft.infra.stack import EmbeddedStack, free_ports
 from streamrft.schemas import ExperienceGroup, RolloutGroup, Task, Trajectory, decode, encode, topic_name
 
@@ -50,24 +49,6 @@ def rollout_group(gid: str) -> RolloutGroup:
         Trajectory(traj_id=f"{gid}-{i}", group_id=gid, task_id=task.task_id, team="red", model_version=0,
                    prompt_ids=[1, 2], response_ids=[3], logprobs=[-0.1], response_text=text)
         for i, text in enumerate(["4", "5"])])
-
-
-def read_back(kafka: KafkaConfig, topic: str) -> list:
-    """Every record of `topic`, read after the writes are over, to each partition's last record."""
-    ends = [e for e in partition_ends(kafka, topic) if e.end > e.start]
-    consumer = make_consumer(kafka, None)
-    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
-    left, out, deadline = {e.partition: e.end for e in ends}, [], time.monotonic() + 120
-    try:
-        while left and time.monotonic() < deadline:
-            for m in consumer.consume(1000, timeout=0.5):
-                if m.error() is None:
-                    out.append(m)
-                    if m.offset() + 1 >= left.get(m.partition(), 0):
-                        left.pop(m.partition(), None)
-    finally:
-        consumer.close()
-    return out
 
 
 def stream_ops_under_slow_writes(gap_wait_s: float, seconds: float, seed: int) -> tuple[int, int]:
@@ -118,9 +99,9 @@ def stream_ops_under_slow_writes(gap_wait_s: float, seconds: float, seed: int) -
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise RuntimeError(f"the worker did not commit to the end; see {tmp}/worker.log")
                 time.sleep(0.5)
-            on_topic = {decode(m.value(), RolloutGroup).group_id for m in read_back(kafka, red)}
+            on_topic = {decode(m.value(), RolloutGroup).group_id for m in read_topic(kafka, red, 120)}
             scored = {decode(m.value(), ExperienceGroup).group_id
-                      for m in read_back(kafka, topic_name(ns, "experiences"))}
+                      for m in read_topic(kafka, topic_name(ns, "experiences"), 120)}
             return len(on_topic), len(on_topic - scored)
         finally:
             if worker is not None and worker.poll() is None:

@@ -27,29 +27,10 @@ def demo_overrides(stack, out: Path, extra: list[str] = ()) -> list[str]:
 
 def read_all(kafka, topic: str, deadline_s: float = 60.0) -> list:
     """Every record of `topic`, read from the start of each partition up to its true end
-    (`partition_ends`: the embedded broker's reported end offsets are wrong)."""
-    import time
+    (`infra.kafka.read_topic`)."""
+    from streamrft.infra.kafka import read_topic
 
-    from confluent_kafka import TopicPartition
-
-    from streamrft.infra.kafka import make_consumer, partition_ends
-
-    ends = partition_ends(kafka, topic)
-    consumer = make_consumer(kafka, None)
-    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
-    # done at each partition's last record (offsets the broker left empty are never delivered)
-    left, got = {e.partition: e.end for e in ends if e.end > e.start}, []
-    deadline = time.monotonic() + deadline_s
-    try:
-        while left and time.monotonic() < deadline:
-            for m in consumer.consume(1000, timeout=0.5):
-                if m.error() is None:
-                    got.append(m)
-                    if m.offset() + 1 >= left.get(m.partition(), 0):
-                        left.pop(m.partition(), None)
-    finally:
-        consumer.close()
-    return got
+    return read_topic(kafka, topic, deadline_s)
 
 
 def trainer_version(ckpt: Path) -> int:

@@ -20,7 +20,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from streamrft.config import KafkaConfig
-from streamrft.infra.kafka import DeliveryError, ensure_topics, flush_or_raise, make_consumer, make_producer, partition_ends
+from streamrft.infra.kafka import (DeliveryError, ensure_topics, flush_or_raise, make_consumer, make_producer,
+                                   partition_ends, read_topic)
 from streamrft.infra.stack import EmbeddedStack
 
 
@@ -177,17 +178,9 @@ def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str,
         for t in threads:
             t.join(120)
 
-    (end,) = partition_ends(kafka, topic)
-    consumer = make_consumer(kafka, None)
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    final: dict[int, str] = {}
-    deadline = time.monotonic() + 60
     try:
-        while (not final or max(final) + 1 < end.end) and time.monotonic() < deadline:
-            final.update((m.offset(), m.value().decode()) for m in consumer.consume(1000, timeout=0.5)
-                         if m.error() is None)
+        final = {m.offset(): m.value().decode() for m in read_topic(kafka, topic)}
     finally:
-        consumer.close()
         if proxy is not None:  # Tansu goes back to the store itself
             es.kill("tansu")
             es.tansu_s3_endpoint = None

@@ -334,6 +334,27 @@ def partition_ends(cfg: KafkaConfig, topic: str, idle_s: float = 1.0, max_s: flo
         consumer.close()
 
 
+def read_topic(cfg: KafkaConfig, topic: str, deadline_s: float = 60.0) -> list:
+    """Every record of `topic`, read once its writes are over: from each partition's start to its
+    last record (`partition_ends`: the embedded broker's reported end offsets are wrong), which
+    ends the partition (offsets the broker left empty are never delivered). Stops at `deadline_s`."""
+    ends = partition_ends(cfg, topic)
+    consumer = make_consumer(cfg, None)
+    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+    left, got = {e.partition: e.end for e in ends if e.end > e.start}, []
+    deadline = time.monotonic() + deadline_s
+    try:
+        while left and time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.5):
+                if m.error() is None:
+                    got.append(m)
+                    if m.offset() + 1 >= left.get(m.partition(), 0):
+                        left.pop(m.partition(), None)
+    finally:
+        consumer.close()
+    return got
+
+
 def read_at(cfg: KafkaConfig, locations: list[tuple[str, int, int]], timeout_s: float = 60.0) -> dict[tuple, bytes]:
     """The values of the records at these (topic, partition, offset)s, read by explicit offset (never
     by end offsets). A location the log no longer holds (retention) is missing from the result;
