@@ -24,7 +24,7 @@ from tests_helpers import read_all
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"STREAMRFT_AGENTS_KEY": "sk-agents-e2e", "STREAMRFT_LAB_KEY": "sk-lab-e2e"}
-STEPS = 30
+STEPS = 20
 
 pytestmark = pytest.mark.slow
 
@@ -80,13 +80,16 @@ def test_an_outside_agent_trains_a_run_through_the_gateway(stack, tmp_path):
     final = dict(kv.split("=") for kv in next(l for l in out.splitlines() if l.startswith("final:"))
                  .removeprefix("final: ").split())
     assert int(final["versions"]) == STEPS
-    # RL on a tiny model through an agent sampling at temperature 1 is bimodal here: most runs'
-    # greedy eval is at 0.83 by v10 (0.459 -> 0.831@v10 -> 0.840@v20), some climb slowly while the
-    # sampled reward rises (CI, 2026-11-26: 0.475@v10, 0.475@v20, 0.555@v30; 0.478@v10, 0.586@v20).
-    # The best of the run's evals (v10, v20, v30) must be above the start by more than eval noise.
+    # Without a learning-rate warm-up the run was bimodal: Adam's first updates moved some runs' v2-v4
+    # so far (approx_kl 0.2-0.4 against 1-version-stale groups) that the greedy eval fell (CI,
+    # 2026-11-26: 0.459 -> 0.285@v10 -> 0.225@v20) or crawled (0.492@v10, 0.543@v20); others reached
+    # 0.83-0.92 by v10. With the example's trainer.warmup_steps=10, five runs of five were at
+    # 0.795-0.921 at v10 and 0.921 at v20 (in the four whose metrics were kept, approx_kl at most
+    # 0.017 over v1-v10; one later step reached 0.174, after the eval had risen, and it held).
     evals = [float(x) for x in re.findall(r"eval\s+([\d.]+)@v[1-9]", out)]
-    assert evals and max(evals) >= float(final["eval_reward_start"]) + 0.08, (final, sorted(set(evals)))
-    assert float(final["eval_reward_end"]) > float(final["eval_reward_start"]), final
+    start = float(final["eval_reward_start"])
+    assert evals and max(evals) >= start + 0.2, (final, sorted(set(evals)))
+    assert float(final["eval_reward_end"]) >= start + 0.1, final
     assert "gateway: episodes" in out
     agent_final = re.search(r"agent: rounds=(\d+) eval_start=([\d.]+) eval_end=([\d.]+) eval_best=([\d.]+)", agent_out)
     assert agent_final and int(agent_final[1]) > 0, agent_out[-2000:]

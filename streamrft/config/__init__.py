@@ -41,8 +41,17 @@ __all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES
 
 class EvalConfig(Section):
     every_versions: int = Field(5, ge=0)
-    """Evaluate greedy reward on `data.eval` every this many versions (0 = start and end only)."""
+    """Evaluate the reward on `data.eval` every this many versions (0 = start and end only)."""
     max_tasks: int = Field(100, ge=1)
+    temperature: float = Field(0.0, ge=0, le=2, **_FINITE)
+    """0 = greedy: one completion or episode per task. Above 0: `samples` of each task drawn at this
+    temperature, the eval reward their mean. A policy trained at temperature 1 can gain on what it
+    samples while its greedy choice on a task flips, so a sampled eval follows the trained objective."""
+    samples: int = Field(1, ge=1, le=64)
+    """Completions or episodes per eval task (more than 1 needs `temperature` > 0)."""
+    seed: int = Field(0, ge=0)
+    """The sampled eval's seed, the same at every version: two versions' evals differ by their
+    policies, not by their draws."""
     runner: Literal["evaluator", "explorer"] = "evaluator"
     """Who evaluates during the run: `evaluator`, a role of its own with its own rollout engine
     (`streamrft evaluate`; it skips versions rather than fall behind, and never pauses an explorer),
@@ -52,6 +61,13 @@ class EvalConfig(Section):
     """The evaluator role's CPU niceness (`os.nice`, 0 = as every role): on shared cores its evals
     take the cycles the loop leaves, so they never slow the explorers or the trainer; a starved
     evaluator skips versions instead of falling behind (`producers/evaluator.py`)."""
+
+    @model_validator(mode="after")
+    def _samples(self) -> "EvalConfig":
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(f"eval.samples={self.samples} needs eval.temperature > 0 (got 0: greedy decoding "
+                             f"gives the same completion every time)")
+        return self
 
 
 class StageConfig(Section):

@@ -184,6 +184,12 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0, **_FINITE)
     grad_clip: float = Field(1.0, ge=0, **_FINITE)
     """Max gradient norm; 0 = no clipping."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimiser updates of linear learning-rate warm-up: update k (from 0) takes
+    `lr * min(1, (k + 1) / warmup_steps)`; 0 = `lr` from the first. Adam's first updates move every
+    weight by about `lr` whatever the gradient's size (its variance estimate holds one or two
+    gradients), so a warm-up keeps the first versions close to the base policy. Counted from the
+    optimiser's own step count, so a resumed run goes on where it stopped."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch (PPO epochs); each pass makes `mini_batches` optimiser updates."""
     mini_batches: int = Field(1, ge=1)

@@ -217,4 +217,5 @@ class UpdateLoop:
             self.engine.backward(mu * term)
             metrics["sft_loss"] = float(term.detach())
         metrics["grad_norm"] = self.engine.step()
+        metrics["lr"] = self.engine.last_lr
         return metrics

@@ -76,7 +76,8 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
             close()
 
 
-def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tuple[float, int, float]]) -> None:
+def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tuple[float, int, float]],
+               eval_label: str = "greedy") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,7 +87,7 @@ def plot_curve(path: Path, evals: list[tuple[float, int, float]], train: list[tu
     if train:
         ax.plot([t for t, _, _ in train], [r for _, _, r in train], ".", alpha=0.4, label="train reward (batch mean)")
     if evals:
-        ax.plot([t for t, _, _ in evals], [r for _, _, r in evals], "o-", label="held-out eval reward (greedy)")
+        ax.plot([t for t, _, _ in evals], [r for _, _, r in evals], "o-", label=f"held-out eval reward ({eval_label})")
     ax.set_xlabel("wall seconds")
     ax.set_ylabel("reward")
     ax.set_ylim(-0.02, 1.02)
@@ -255,7 +256,9 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
     eval_end = final_eval(cfg, version)
     view.evals.append((time.time() - view.t0, version, eval_end))
     metric_logger.log(_publish_eval(cfg, version, eval_end))  # the follower has stopped reading
-    plot_curve(out / "reward_curve.png", view.evals, view.train_rewards)
+    ev = cfg.eval
+    plot_curve(out / "reward_curve.png", view.evals, view.train_rewards,
+               f"T={ev.temperature:g}, {ev.samples} per task" if ev.temperature > 0 else "greedy")
     trajectories = view.trajectories
     print(view.profile(), flush=True)
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; metrics: "

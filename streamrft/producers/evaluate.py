@@ -1,8 +1,9 @@
-"""Held-out evaluation: greedy decoding on the eval tasks, scored with the run's reward terms.
+"""Held-out evaluation on the eval tasks, scored with the run's reward terms.
 
 `evaluate_run` is what explorers and `streamrft run` call: the run's workflow plays one greedy
-completion or episode per task (`evaluate_workflow`), scored as stream ops score it: the `env` term
-included, and a reward that asks for `task` / `trajectory` gets them, single-turn or not.
+completion or episode per task, or `eval.samples` of each at `eval.temperature` with the fixed
+`eval.seed` (`evaluate_workflow`), scored as stream ops score it: the `env` term included, and a
+reward that asks for `task` / `trajectory` gets them, single-turn or not.
 """
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from streamrft.schemas import Task
 
 
 def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Task], cfg: RunConfig) -> float:
-    """Mean reward over the trajectories of one greedy completion or episode per task (step-wise: per step),
-    each scored with `stream_ops.rewards` exactly as stream ops score it."""
+    """Mean reward over the trajectories of the eval's completions or episodes of each task (greedy: one;
+    sampled: `eval.samples`; step-wise: per step), each scored with `stream_ops.rewards` exactly as
+    stream ops score it."""
     from streamrft.stream_ops.scoring import resolve_rewards, score_group
 
     if not tasks:
         raise ValueError("no eval tasks")
     ex = cfg.explorer
+    ev = cfg.eval
     params = SamplingParams(n=1, max_new_tokens=ex.sampling.max_new_tokens, temperature=0.0)
+    if ev.temperature > 0:  # the explorers' top-p / top-k, at the eval's own temperature and seed
+        params = SamplingParams(n=ev.samples, max_new_tokens=ex.sampling.max_new_tokens, temperature=ev.temperature,
+                                top_p=ex.sampling.top_p, top_k=ex.sampling.top_k, seed=ev.seed)
     groups = workflow(engine, tasks, params, version=engine.version, team=ex.team, chat=ex.chat_template)
     terms = resolve_rewards(cfg)
     rewards = [r for g in groups for r in score_group(g, terms, None, {}, False, "fifo").rewards]

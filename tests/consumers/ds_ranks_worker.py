@@ -28,8 +28,9 @@ SIZES = [1, 3, 2, 5]  # rows per batch: fewer than ranks, uneven, even, uneven a
 CASES = {
     # the default objective (token-mean), with a KL loss to a reference model and an entropy bonus
     "grpo_kl_entropy": ["algorithm.type=grpo", "algorithm.kl.coef=0.05", "algorithm.entropy_coef=0.01"],
-    # sequence counts instead of token counts (Dr.GRPO's constant normaliser)
-    "dr_grpo": ["algorithm.type=dr_grpo"],
+    # sequence counts instead of token counts (Dr.GRPO's constant normaliser), under a learning-rate
+    # warm-up (DeepSpeed steps its scheduler; the reference, the torch engine, sets each update's lr)
+    "dr_grpo": ["algorithm.type=dr_grpo", "trainer.warmup_steps=3"],
     # several updates per batch: mini-batches (a rank's share of one is often empty), decoupled PPO's
     # proximal log-probs. The config refuses ppo_epochs / mini_batches with DeepSpeed (one update per
     # batch); UpdateLoop keeps the ranks in step and equal to one process anyway

@@ -5,7 +5,8 @@ batches of 1, 3, 2 and 5 rows (`ds_ranks_worker.py`). With 1 row the second rank
 it used to skip the update, so the ranks' collectives went out of step and both hung. Now every
 rank makes every update (an empty share on a zero-weighted row) and the result is the single
 process's: the same updates and grad norm at every step, the same weights after four steps; also
-with two epochs of two mini-batches of decoupled PPO (which the config allows the torch engine only).
+with two epochs of two mini-batches of decoupled PPO (which the config allows the torch engine only),
+and under a learning-rate warm-up (DeepSpeed's scheduler against the torch engine's own).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """PPO epochs and mini-batches in the trainer (`trainer.ppo_epochs`, `trainer.mini_batches`) with
 decoupled PPO on stale data: the proximal policy is the policy at the start of the batch, the
 behaviour log-probs are the explorer's, and every update's loss equals AReaL's formula computed here
-by hand from the tensors the update saw."""
+by hand from the tensors the update saw; each update takes its own step of the learning-rate warm-up."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 CLIP, CAP = 0.2, 2.0
 PPO = ("algorithm.policy_loss.type=decoupled_ppo", f"algorithm.policy_loss.params={{tis_cap: {CAP}}}",
        "trainer.ppo_epochs=2", "trainer.mini_batches=2", "trainer.batch_groups=2", "trainer.lr=0.05",
-       "trainer.max_staleness=1")
+       "trainer.max_staleness=1", "trainer.warmup_steps=8")
 
 
 def by_hand(logp, prox, old, adv, mask, tokens):
@@ -55,6 +55,8 @@ def test_two_epochs_of_two_mini_batches_clip_against_the_batch_start_policy(stac
 
     trainer.consumer.close()
     assert metrics["updates"] == 4 and len(trainer.update_metrics) == 4 and len(seen) == 4  # 4 rows per update
+    # the warm-up counts optimiser updates, not steps: 1/8, 2/8, 3/8, 4/8 of lr
+    assert [m["lr"] for m in trainer.update_metrics] == pytest.approx([0.05 * k / 8 for k in (1, 2, 3, 4)])
     row_of = {tuple(ids.tolist()): i for i, ids in enumerate(batch.input_ids)}
     for epoch in (seen[:2], seen[2:]):  # each epoch deals every row into one of its two mini-batches
         rows = [row_of[tuple(ids.tolist())] for _, _, part, _, _ in epoch for ids in part.input_ids]

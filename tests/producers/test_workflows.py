@@ -379,6 +379,52 @@ def test_single_turn_eval_gives_a_reward_the_task_it_asks_for(tok, tmp_path, mon
     assert evaluate_run(ScriptedEngine(tok, lambda text: "4<eos>"), tasks, cfg) == 2.0  # (3 + 1) / 2
 
 
+
+@pytest.mark.parametrize("workflow", ["single_turn", "multi_turn"])
+def test_a_sampled_eval_plays_samples_per_task_at_its_temperature_and_seed(tok, workflow):
+    from streamrft.config import parse_config
+    from streamrft.producers.evaluate import evaluate_run
+
+    turns = {"workflow": workflow, "env": {"type": "guess_number"}} if workflow == "multi_turn" else {}
+    cfg = parse_config({"model": {"path": "unused"}, "eval": {"temperature": 0.7, "samples": 3, "seed": 5},
+                        "stream_ops": {"rewards": [{"name": "env" if turns else "exact_match"}]},
+                        "explorer": {**turns, "sampling": {"top_p": 0.9, "top_k": 7}}})
+    eng = ScriptedEngine(tok, bisect if turns else (lambda text: "4<eos>"))
+    score = evaluate_run(eng, [_task("1"), _task("4", task_id="t4")], cfg)
+    first_prompts, first = eng.calls[0]
+    assert (first.temperature, first.top_p, first.top_k, first.seed) == (0.7, 0.9, 7, 5)
+    if turns:  # 3 episodes of each task in lockstep, one prompt each; turn k seeded seed + k
+        assert len(first_prompts) == 6 and first.n == 1
+        assert [p.seed for _, p in eng.calls] == [5 + k for k in range(len(eng.calls))]
+        assert score == pytest.approx((0.9 + 1.0) / 2)  # the scripted player is the same every sample
+    else:  # one call, 3 completions of each prompt
+        assert len(eng.calls) == 1 and len(first_prompts) == 2 and first.n == 3
+        assert score == 0.5
+
+
+def test_a_sampled_eval_on_the_real_engine_repeats_with_its_seed_and_leaves_the_rng_alone(engine, tmp_path,
+                                                                                          monkeypatch):
+    from streamrft.config import parse_config
+    from streamrft.producers.evaluate import evaluate_run
+
+    (tmp_path / "length_reward.py").write_text("def length(response, answer):\n    return float(len(response))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def cfg(**ev):
+        return parse_config({"model": {"path": "unused"}, "eval": ev,
+                             "explorer": {"sampling": {"max_new_tokens": 8}},
+                             "stream_ops": {"rewards": [{"import_path": "length_reward:length"}]}})
+
+    tasks = [Task(**row) for row in guess_number.make_tasks(3, seed=1)]
+    rng = torch.get_rng_state()
+    sampled = evaluate_run(engine, tasks, cfg(temperature=1.0, samples=4, seed=3))
+    assert torch.equal(torch.get_rng_state(), rng)  # a seeded eval forks the RNG: the explorer's draws are its own
+    assert evaluate_run(engine, tasks, cfg(temperature=1.0, samples=4, seed=3)) == sampled
+    assert evaluate_run(engine, tasks, cfg(temperature=1.0, samples=4, seed=4)) != sampled
+    greedy = evaluate_run(engine, tasks, cfg())
+    assert greedy == evaluate_run(engine, tasks, cfg()) and greedy != sampled
+
+
 # ---- end to end on the real engine ----
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from streamrft.engine.training.torch_engine import warmup_factor
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -63,14 +65,19 @@ class DeepSpeedTrainEngine:
             **cfg.deepspeed.config,
         }
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        # the warm-up as the torch engine's; DeepSpeed steps it with each update and keeps it in its checkpoint
+        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: warmup_factor(k, cfg.warmup_steps))
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=warmup,
+                                               config=ds_config)
         self.model = self.engine.module
         self.device = next(self.model.parameters()).device
+        self.last_lr = 0.0  # the learning rate of the last update
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss * self.world)
 
     def step(self) -> float:
+        self.last_lr = float(self.engine.get_lr()[0])  # this update's; the scheduler steps with it
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")

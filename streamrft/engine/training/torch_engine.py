@@ -1,4 +1,5 @@
-"""Single-process torch training: AdamW, global-norm clipping, optimiser state checkpoints.
+"""Single-process torch training: AdamW, linear learning-rate warm-up, global-norm clipping,
+optimiser state checkpoints.
 
 With `lora` (a `config.LoraSpec`) the model is wrapped with peft adapters (`engine.lora`): only they
 train, a published version and a checkpoint hold them alone (with the optimiser's state of them).
@@ -12,6 +13,11 @@ import torch
 ADAPTER_FILE = "adapter.safetensors"
 
 
+def warmup_factor(update: int, warmup_steps: int) -> float:
+    """The learning rate's multiplier at optimiser update `update` (from 0): linear over `warmup_steps`."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, (update + 1) / warmup_steps)
+
+
 class TorchTrainEngine:
     def __init__(self, model: torch.nn.Module, cfg, lora=None):
         if lora is not None:
@@ -23,6 +29,9 @@ class TorchTrainEngine:
         self.grad_clip = cfg.grad_clip
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.lr, self.warmup_steps = cfg.lr, cfg.warmup_steps
+        self.updates = 0  # optimiser updates made (restored from the optimiser's state on load)
+        self.last_lr = 0.0  # the learning rate of the last update
         self.is_main = True
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -30,7 +39,11 @@ class TorchTrainEngine:
 
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        self.last_lr = self.lr * warmup_factor(self.updates, self.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.last_lr
         self.optimizer.step()
+        self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -70,3 +83,5 @@ class TorchTrainEngine:
                 raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, "
                                    f"unexpected {unexpected}")
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        steps = [float(s["step"]) for s in self.optimizer.state.values() if "step" in s]
+        self.updates = int(max(steps, default=0))
