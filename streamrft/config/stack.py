@@ -29,7 +29,9 @@ class KafkaConfig(Section):
     lower. (The explorers' admission log fetches every 100 ms, the other consumers every 500.)"""
     gap_wait_s: float = Field(10.0, ge=0, le=600)
     """How long a consumer waits for records missing from a partition's offsets (it read N, the
-    broker then gave N+k) before taking them as empty (`infra/offset_gaps.py`). The embedded broker
+    broker then gave N+k) before taking them as empty (`infra/offset_gaps.py`), counted from the
+    timestamp of the record past them: only a hole at the head of a live topic is waited for, a
+    replay of an old log passes its empty offsets at once. The embedded broker
     lists a later batch before an earlier one when its S3 writes finish out of order (a loaded or
     restarting store), and its restarts leave offsets that no record fills; a consumer that moved
     on would never read the late records. 0 turns the

@@ -96,6 +96,9 @@ class ReadReport:
     holes: list[int]  # offsets that no record fills
     gaps: dict  # the guard's counters
     fill_waits: list[float]
+    replay_missed: list[int]  # offsets on the topic a guarded replay of it, afterwards, never delivered
+    replay_gaps: dict  # that replay's guard's counters
+    replay_skip_waits: list[float]  # how long it waited at each hole (0: passed at first sight)
 
 
 def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str, seed: int = 0,
@@ -178,8 +181,10 @@ def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str,
         for t in threads:
             t.join(120)
 
+    replay = OffsetGaps(gap_wait_s, name="replay")
     try:
         final = {m.offset(): m.value().decode() for m in read_topic(kafka, topic)}
+        replayed = {m.offset() for m in read_topic(kafka, topic, gaps=replay)}
     finally:
         if proxy is not None:  # Tansu goes back to the store itself
             es.kill("tansu")
@@ -195,7 +200,9 @@ def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str,
                       missed_guarded=[o for o in present if o not in live["guarded"]],
                       lost=[v for v in acked if v not in values],
                       holes=sorted(set(range(max(final, default=-1) + 1)) - set(final)),
-                      gaps=gaps.stats(), fill_waits=gaps.fill_waits)
+                      gaps=gaps.stats(), fill_waits=gaps.fill_waits,
+                      replay_missed=sorted(set(final) - replayed), replay_gaps=replay.stats(),
+                      replay_skip_waits=replay.skip_waits)
 
 
 class DelayingS3Proxy:

@@ -334,18 +334,24 @@ def partition_ends(cfg: KafkaConfig, topic: str, idle_s: float = 1.0, max_s: flo
         consumer.close()
 
 
-def read_topic(cfg: KafkaConfig, topic: str, deadline_s: float = 60.0) -> list:
+def read_topic(cfg: KafkaConfig, topic: str, deadline_s: float = 60.0, gaps=None) -> list:
     """Every record of `topic`, read once its writes are over: from each partition's start to its
     last record (`partition_ends`: the embedded broker's reported end offsets are wrong), which
-    ends the partition (offsets the broker left empty are never delivered). Stops at `deadline_s`."""
+    ends the partition (offsets the broker left empty are never delivered). Stops at `deadline_s`.
+    `gaps` (an `offset_gaps.OffsetGaps`): read behind it, as the roles read."""
+    from streamrft.infra.offset_gaps import take_contiguous
+
     ends = partition_ends(cfg, topic)
     consumer = make_consumer(cfg, None)
     consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
+    for e in ends if gaps is not None else ():
+        gaps.expect((topic, e.partition), e.start)
     left, got = {e.partition: e.end for e in ends if e.end > e.start}, []
     deadline = time.monotonic() + deadline_s
     try:
         while left and time.monotonic() < deadline:
-            for m in consumer.consume(1000, timeout=0.5):
+            msgs = consumer.consume(1000, timeout=0.5)
+            for m in msgs if gaps is None else take_contiguous(consumer, gaps, msgs):
                 if m.error() is None:
                     got.append(m)
                     if m.offset() + 1 >= left.get(m.partition(), 0):

@@ -13,7 +13,11 @@ its producer sent it again under new offsets).
 
 `OffsetGaps` keeps, per partition, the next offset a consumer should see. A record past it is
 held back and the consumer sent back to that offset (`rewind`) until the missing records arrive,
-for at most `wait_s`; after that the offsets are taken as empty, logged and counted. Our topics
+for at most `wait_s` after the record past the hole was produced (its timestamp; the first sight of
+the hole where a record has none); after that the offsets are taken as empty, logged and counted.
+A late batch is listed within moments of its neighbours, so only a hole at the head of a live topic
+is waited for: a replay of an old log passes its empty offsets at once. (The wait runs on the
+producer's clock: a consumer whose clock is ahead by more than `wait_s` waits for no hole.) Our topics
 are written without transactions and never compacted, so on any broker their offsets are
 contiguous, and a record past the next offset always means a hole. (A cluster whose producers use
 transactions puts a marker at an offset no record fills: set `kafka.gap_wait_s: 0` there.)
@@ -24,7 +28,7 @@ import logging
 import time
 from typing import Callable, Hashable
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +38,19 @@ REWIND_PAUSE_S = 0.05  # between two rewinds over the same hole: the broker list
 class OffsetGaps:
     """Which records a consumer may take: per partition key, the next offset expected."""
 
-    def __init__(self, wait_s: float, clock: Callable[[], float] = time.monotonic, name: str = "consumer"):
+    def __init__(self, wait_s: float, clock: Callable[[], float] = time.monotonic, name: str = "consumer",
+                 wall: Callable[[], float] = time.time):
         self.wait_s = wait_s
-        self.clock = clock
+        self.clock, self.wall = clock, wall  # `wall`: the clock of record timestamps (epoch seconds)
         self.name = name
         self.next: dict[Hashable, int] = {}
-        self.since: dict[Hashable, tuple[int, float]] = {}  # key -> (missing offset, first seen)
+        # key -> (missing offset, first seen, when it is taken as empty), on `clock`
+        self.since: dict[Hashable, tuple[int, float, float]] = {}
         self.holes_filled = 0  # holes whose records arrived while we waited
         self.holes_skipped = 0  # holes taken as empty after `wait_s`
         self.offsets_skipped = 0
         self.fill_waits: list[float] = []  # seconds each filled hole took to fill
+        self.skip_waits: list[float] = []  # seconds each skipped hole was waited for (0: passed at first sight)
 
     def expect(self, key: Hashable, offset: int | None) -> None:
         """The consumer was (re)positioned: `offset` comes next (None: whatever comes next)."""
@@ -56,23 +63,26 @@ class OffsetGaps:
     def forget(self, key: Hashable) -> None:
         self.expect(key, None)
 
-    def rewind(self, key: Hashable, offset: int) -> int | None:
+    def rewind(self, key: Hashable, offset: int, produced_s: float | None = None) -> int | None:
         """None: take the record at `offset`. Else the offset to go back to: the record is past a
         hole that may still fill, and neither it nor any later record of the partition may be taken
-        now."""
+        now. `produced_s`: the record's timestamp (epoch seconds); None or <= 0 where it has none."""
         expected = self.next.get(key)
         if expected is not None and offset > expected and self.wait_s > 0:
             now = self.clock()
-            missing, since = self.since.setdefault(key, (expected, now))
-            if missing != expected:
-                self.since[key] = (expected, now)
-                since = now
-            if now - since < self.wait_s:
+            hole = self.since.get(key)
+            if hole is None or hole[0] != expected:
+                # the hole's records, if any, were produced before this one: wait from its time
+                known = produced_s is not None and produced_s > 0  # aiokafka gives -1 ms for none
+                age = min(self.wait_s, max(0.0, self.wall() - produced_s)) if known else 0.0
+                hole = self.since[key] = (expected, now, now + self.wait_s - age)
+            if now < hole[2]:
                 return expected
             self.holes_skipped += 1
             self.offsets_skipped += offset - expected
-            log.warning("%s: offsets %d-%d of %s never appeared in %.0f s: taken as empty", self.name, expected,
-                        offset - 1, key, now - since)
+            self.skip_waits.append(now - hole[1])
+            log.warning("%s: offsets %d-%d of %s never appeared (the record after them is %.0f s old): taken as "
+                        "empty", self.name, expected, offset - 1, key, self.wait_s + now - hole[2])
         elif key in self.since and expected is not None and offset == expected:
             self.holes_filled += 1
             self.fill_waits.append(self.clock() - self.since[key][1])
@@ -96,7 +106,8 @@ def take_contiguous(consumer: Consumer, gaps: OffsetGaps, msgs: list) -> list:
         key = (m.topic(), m.partition())
         if key in rewound:
             continue
-        back = gaps.rewind(key, m.offset())
+        kind, ms = m.timestamp()
+        back = gaps.rewind(key, m.offset(), ms / 1000 if kind != TIMESTAMP_NOT_AVAILABLE else None)
         if back is None:
             out.append(m)
             continue

@@ -306,7 +306,7 @@ class StreamOpsApp(faust.App):
                 if started.get(tp) != message.generation_id:
                     started[tp] = message.generation_id
                     gaps.expect(tp, consumer._committed_offset.get(tp))
-                back = gaps.rewind(tp, message.offset)
+                back = gaps.rewind(tp, message.offset, message.timestamp)
                 if back is None:
                     yield tp, message
                     continue
