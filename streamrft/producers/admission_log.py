@@ -22,6 +22,7 @@ from confluent_kafka import TopicPartition
 
 from streamrft.config import KafkaConfig
 from streamrft.infra.kafka import decoded, ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
+from streamrft.infra.offset_gaps import OffsetGaps, take_contiguous
 from streamrft.producers.admission import LEASE_S, REFRESH_S, AdmissionView
 from streamrft.schemas import ExplorerLedger, GroupDropped, encode, topic_name
 
@@ -235,11 +236,15 @@ class AdmissionLog:
         # CPU demo, which ran slower for it)
         consumer = make_consumer(self.kafka, None, **{"fetch.wait.max.ms": FETCH_WAIT_MS})
         consumer.assign([TopicPartition(self.topic, 0, 0)])
+        # never past a record the broker lists late: every explorer must fold the same order
+        gaps = OffsetGaps(self.kafka.gap_wait_s, name="admission-log")
+        gaps.expect((self.topic, 0), 0)
         try:
             with self._lock:
                 self._publish()
             while not self._stop.is_set():
-                self._fold(consumer.consume(500, timeout=0.01))  # consume() waits out its timeout
+                # consume() waits out its timeout
+                self._fold(take_contiguous(consumer, gaps, consumer.consume(500, timeout=0.01)))
                 with self._lock:
                     # republished now and then until read back (catch-up) and acknowledged (a
                     # broker restart), and while a batch is in flight (the lease)
