@@ -114,7 +114,8 @@ def trl_job(model_dir: str, train: str, eval_path: str, config: str, steps: int,
     args = GRPOConfig(
         output_dir=workdir, max_steps=steps, per_device_train_batch_size=ex.group_size * tr.batch_groups,
         gradient_accumulation_steps=1, num_generations=ex.group_size, learning_rate=tr.lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=tr.weight_decay, max_grad_norm=tr.grad_clip,
+        lr_scheduler_type="constant_with_warmup" if tr.warmup_steps else "constant", warmup_steps=tr.warmup_steps,
+        weight_decay=tr.weight_decay, max_grad_norm=tr.grad_clip,
         num_iterations=tr.ppo_epochs, beta=cfg.algorithm.kl.coef, loss_type="dapo", scale_rewards="group",
         epsilon=ppo.get("clip_low", 0.2), epsilon_high=ppo.get("clip_high", 0.2),
         temperature=ex.sampling.temperature, top_p=1.0, top_k=0, max_completion_length=ex.sampling.max_new_tokens,
@@ -255,6 +256,9 @@ def print_mapping(cfg, a) -> None:
          f"trainer.batch_groups={tr.batch_groups} x {ex.group_size}"),
         ("steps", f"max_steps={a.steps}", f"trainer.max_steps={a.steps} (sync_interval={tr.sync_interval})"),
         ("optimiser", f"AdamW lr={tr.lr} constant, wd={tr.weight_decay}", f"AdamW lr={tr.lr}, wd={tr.weight_decay}"),
+        ("lr warm-up", f"warmup_steps={tr.warmup_steps} (HF: update k at k/{tr.warmup_steps} of lr, the first at 0)"
+         if tr.warmup_steps else "none", f"trainer.warmup_steps={tr.warmup_steps} (update k at (k+1)/"
+         f"{tr.warmup_steps} of lr)" if tr.warmup_steps else "none"),
         ("grad clip", f"max_grad_norm={tr.grad_clip}", f"trainer.grad_clip={tr.grad_clip}"),
         ("PPO epochs", f"num_iterations={tr.ppo_epochs}", f"trainer.ppo_epochs={tr.ppo_epochs}"),
         ("clip", f"epsilon={ppo.get('clip_low', 0.2)}, epsilon_high={ppo.get('clip_high', 0.2)}",
