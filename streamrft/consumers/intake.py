@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException
 
 from streamrft.consumers.admission import Counts, admit_trajectories, oldest_head
 from streamrft.infra.kafka import consume_ready
-from streamrft.infra.offset_gaps import take_contiguous
+from streamrft.infra.offset_gaps import assign_guarded, take_contiguous
 from streamrft.schemas import DeadLetter, ExperienceGroup, GroupDropped, RolloutGroup, decode, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,7 @@ class Intake:
             key = f"{tp.topic}:{tp.partition}"
             if key in self.position:
                 tp.offset = self.position[key]
-            self.offset_gaps.expect((tp.topic, tp.partition), self.position.get(key))
-        consumer.assign(partitions)
+        assign_guarded(consumer, self.offset_gaps, partitions)
 
     def _poll(self, timeout: float) -> None:
         """Fetch records into `pending`. Consume errors are logged (librdkafka recovers from them

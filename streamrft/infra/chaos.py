@@ -111,7 +111,7 @@ def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str,
     `min_holes` (at most 10 x `duration_s`). Two live consumers read it meanwhile: a plain one and
     one behind `OffsetGaps`. Afterwards the topic is read back whole: which of its records each
     live consumer never delivered."""
-    from streamrft.infra.offset_gaps import OffsetGaps, take_contiguous
+    from streamrft.infra.offset_gaps import OffsetGaps, assign_guarded, take_contiguous
 
     rng = random.Random(seed)
     proxy = None
@@ -142,8 +142,7 @@ def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str,
 
     def consume(name: str) -> None:
         consumer = make_consumer(kafka, None)
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        gaps.expect((topic, 0), 0)
+        assign_guarded(consumer, gaps, [TopicPartition(topic, 0, 0)])
         try:
             while not stop.is_set():
                 msgs = consumer.consume(500, timeout=0.2)

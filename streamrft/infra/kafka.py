@@ -338,20 +338,18 @@ def read_topic(cfg: KafkaConfig, topic: str, deadline_s: float = 60.0, gaps=None
     """Every record of `topic`, read once its writes are over: from each partition's start to its
     last record (`partition_ends`: the embedded broker's reported end offsets are wrong), which
     ends the partition (offsets the broker left empty are never delivered). Stops at `deadline_s`.
-    `gaps` (an `offset_gaps.OffsetGaps`): read behind it, as the roles read."""
-    from streamrft.infra.offset_gaps import take_contiguous
+    `gaps` (an `offset_gaps.OffsetGaps`): read behind it, as the roles read (None: no guard)."""
+    from streamrft.infra.offset_gaps import OffsetGaps, assign_guarded, take_contiguous
 
+    gaps = gaps or OffsetGaps(0.0)  # a wait of 0: the check is off
     ends = partition_ends(cfg, topic)
     consumer = make_consumer(cfg, None)
-    consumer.assign([TopicPartition(topic, e.partition, e.start) for e in ends])
-    for e in ends if gaps is not None else ():
-        gaps.expect((topic, e.partition), e.start)
+    assign_guarded(consumer, gaps, [TopicPartition(topic, e.partition, e.start) for e in ends])
     left, got = {e.partition: e.end for e in ends if e.end > e.start}, []
     deadline = time.monotonic() + deadline_s
     try:
         while left and time.monotonic() < deadline:
-            msgs = consumer.consume(1000, timeout=0.5)
-            for m in msgs if gaps is None else take_contiguous(consumer, gaps, msgs):
+            for m in take_contiguous(consumer, gaps, consumer.consume(1000, timeout=0.5)):
                 if m.error() is None:
                     got.append(m)
                     if m.offset() + 1 >= left.get(m.partition(), 0):

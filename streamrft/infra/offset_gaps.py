@@ -98,6 +98,14 @@ class OffsetGaps:
                 "offsets_skipped": self.offsets_skipped}
 
 
+def assign_guarded(consumer: Consumer, gaps: OffsetGaps, partitions: list[TopicPartition]) -> None:
+    """`consumer.assign(partitions)`, each partition expected next at its offset (a logical offset,
+    e.g. the group's committed one, expects whatever comes first)."""
+    for tp in partitions:
+        gaps.expect((tp.topic, tp.partition), tp.offset)
+    consumer.assign(partitions)
+
+
 def take_contiguous(consumer: Consumer, gaps: OffsetGaps, msgs: list) -> list:
     """The records of a `consume`/`poll` result the consumer may take (errors pass through); for a
     partition with a hole, seeks back to it and drops the partition's records after it."""

@@ -22,7 +22,7 @@ from confluent_kafka import TopicPartition
 
 from streamrft.config import KafkaConfig
 from streamrft.infra.kafka import decoded, ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
-from streamrft.infra.offset_gaps import OffsetGaps, take_contiguous
+from streamrft.infra.offset_gaps import OffsetGaps, assign_guarded, take_contiguous
 from streamrft.producers.admission import LEASE_S, REFRESH_S, AdmissionView
 from streamrft.schemas import ExplorerLedger, GroupDropped, encode, topic_name
 
@@ -235,10 +235,9 @@ class AdmissionLog:
         # every explorer's idle fetches kept the S3 server under it busy (73% of a core in the
         # CPU demo, which ran slower for it)
         consumer = make_consumer(self.kafka, None, **{"fetch.wait.max.ms": FETCH_WAIT_MS})
-        consumer.assign([TopicPartition(self.topic, 0, 0)])
         # never past a record the broker lists late: every explorer must fold the same order
         gaps = OffsetGaps(self.kafka.gap_wait_s, name="admission-log")
-        gaps.expect((self.topic, 0), 0)
+        assign_guarded(consumer, gaps, [TopicPartition(self.topic, 0, 0)])
         try:
             with self._lock:
                 self._publish()

@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 
 from streamrft.config import KafkaConfig
 from streamrft.infra.kafka import decoded, ensure_topics, make_consumer, run_topics
-from streamrft.infra.offset_gaps import OffsetGaps, take_contiguous
+from streamrft.infra.offset_gaps import OffsetGaps, assign_guarded, take_contiguous
 from streamrft.producers.task_selection import TaskStats
 from streamrft.schemas import TaskOutcome, topic_name
 
@@ -46,10 +46,8 @@ class TaskStatsReader:
         consumer = make_consumer(self.kafka, None)
         try:
             meta = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in sorted(meta.partitions)])
             gaps = OffsetGaps(self.kafka.gap_wait_s, name="task-stats")  # records the broker lists late
-            for p in meta.partitions:
-                gaps.expect((self.topic, p), 0)
+            assign_guarded(consumer, gaps, [TopicPartition(self.topic, p, 0) for p in sorted(meta.partitions)])
             while not self._stop.is_set():
                 msgs = take_contiguous(consumer, gaps, consumer.consume(1000, timeout=0.5))
                 for _, outcome in decoded(msgs, self.topic, TaskOutcome):
