@@ -4,14 +4,16 @@ explorer having swapped, next to a raw S3 put + get of the same bytes.
     .venv/bin/python benchmarks/weight_delta.py [--repeats 2] [--lr 1e-6]   # Qwen2.5-0.5B shape, bf16
 
 A Qwen2 of Qwen2.5-0.5B's shape (494M parameters, tied head) is built locally with a random init
-in bfloat16 and takes one real AdamW step (lr 1e-6, on a random batch), all in bf16 (about 5 GB of
-host memory at the step). On a private embedded stack (SeaweedFS S3 + Tansu), per repeat, a key of
-its own: v0 (the initial weights) is published and loaded by the explorer side untimed; then v1, the
-stepped weights, is published (a) whole (`publish_state_dict`) and (b) as a delta from v0
-(`engine.delta.DeltaPublisher`: XOR + zstd in two parallel streams, each tensor's xxh3_128), each
-from the trainer's own CPU copy of the weights (`cpu_copy`, timed), announced, and the explorer's
-WeightsWatcher fetches, verifies (for the delta: applies onto its v0 and checks every tensor's
-xxh3_128) and a TransformersEngine swaps it in. Raw: one `fput_object` + `fget_object` of
+in bfloat16 and takes two real AdamW steps (lr 1e-6, on random batches; a fresh optimiser each, so
+each is a first step), all in bf16 (about 5 GB of host memory at a step): v0, v1, v2. On a private
+embedded stack (SeaweedFS S3 + Tansu), per repeat, a key of its own: v0 and v1 are published and
+loaded by the explorer side untimed (as a trainer in its steady state: the delta publisher holds
+its XOR buffers and the base v1 retired, which the next CPU copy is written into); then v2 is
+published (a) whole (`publish_state_dict`) and (b) as a delta from v1 (`engine.delta.DeltaPublisher`:
+the changed elements' sparse XOR + zstd in two parallel streams, each tensor's xxh3_128), each from
+the trainer's own CPU copy of the weights (`cpu_copy` into the spare, timed), announced, and the
+explorer's WeightsWatcher fetches, verifies (for the delta: applies onto its v1 and checks every
+tensor's xxh3_128) and a TransformersEngine swaps it in. Raw: one `fput_object` + `fget_object` of
 the same bytes (the safetensors file; the delta's files) with the minio SDK, nothing else.
 """
 from __future__ import annotations
@@ -55,12 +57,12 @@ def build_model(out_dir: Path):
     return model
 
 
-def adamw_step(model, lr: float, tokens: int) -> float:
+def adamw_step(model, lr: float, tokens: int, seed: int = 1) -> float:
     """One AdamW step (defaults otherwise: weight decay 0.01) on a random batch; returns its seconds."""
     t0 = time.perf_counter()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed))
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     opt.step()
@@ -86,11 +88,14 @@ def main() -> None:
         nbytes = sum(t.numel() * t.element_size() for t in v0.values())
         print(f"model: {n_params / 1e6:.0f}M parameters (tied head stored once), bf16, {nbytes / 1e6:.0f} MB; "
               f"built in {time.perf_counter() - t0:.0f}s")
-        step_s = adamw_step(model, args.lr, args.tokens)
-        v1 = canonical(model.state_dict())
-        changed = sum(int((_u16(v0[k]) != _u16(v1[k])).sum()) for k in v0)
-        print(f"one AdamW step (lr {args.lr:g}, {args.tokens} tokens) in {step_s:.0f}s: "
-              f"{changed / n_params:.2%} of the bf16 elements changed")
+        states = [v0]
+        for step in (1, 2):
+            step_s = adamw_step(model, args.lr, args.tokens, seed=step)
+            states.append({k: t.clone() for k, t in canonical(model.state_dict()).items()})
+            changed = sum(int((_u16(states[-2][k]) != _u16(states[-1][k])).sum()) for k in v0)
+            print(f"AdamW step {step} (lr {args.lr:g}, {args.tokens} tokens) in {step_s:.0f}s: "
+                  f"{changed / n_params:.2%} of the bf16 elements changed")
+        v1, v2 = states[1], states[2]
 
         es = EmbeddedStack(tmp / "stack", **free_ports())
         # a kill (timeout, Ctrl-C) still runs the `finally` below: the stack is stopped, never left behind
@@ -114,8 +119,11 @@ def main() -> None:
 
             full_file = tmp / "full" / "model.safetensors"
             full_file.parent.mkdir()
-            save_file(v1, str(full_file))
-            delta_files, _ = encode_delta(v0, v1, tmp / "delta")
+            save_file(v2, str(full_file))
+            delta_files, index = encode_delta(v1, v2, tmp / "delta")
+            ops = [e["op"] for e in index]
+            print(f"delta v1 -> v2: {ops.count('sparse_xor')} tensors sparse, {ops.count('xor')} dense, "
+                  f"{ops.count('full')} whole")
             moved = {}
             raw = {"full": [], "delta": []}
             ours = {"full": [], "delta": []}
@@ -128,8 +136,10 @@ def main() -> None:
                     pub = DeltaPublisher(full_every=10 if mode == "delta" else 1)
 
                     def publish(v: int, weights: dict) -> None:
-                        # as the trainer: its CPU copy of the version, handed to the publisher
-                        manifest = pub.publish(store, ns, v, cpu_copy(weights), meta={"kind": "full"}, owned=True)
+                        # as the trainer: its CPU copy of the version (into the base the last delta
+                        # retired, when there is one), handed to the publisher
+                        copy = cpu_copy(weights, into=pub.take_spare())
+                        manifest = pub.publish(store, ns, v, copy, meta={"kind": "full"}, owned=True)
                         wv = WeightVersion(model="policy", version=v, bucket=s3.bucket, prefix=store.prefix(ns, v),
                                            manifest_sha256=manifest.sha256)
                         producer.produce(topic_name(ns, "weights"), key=b"policy", value=encode(wv))
@@ -141,15 +151,16 @@ def main() -> None:
                         assert ready[0] == v
                         engine.load_weights(ready[1], ready[0], ready[2])
 
-                    publish(0, v0)  # untimed: the explorer's verified copy of v0
-                    swapped(0)
+                    for v in (0, 1):  # untimed: the explorer's verified copy of v1, the publisher's buffers
+                        publish(v, states[v])
+                        swapped(v)
                     t = time.perf_counter()
-                    publish(1, v1)
+                    publish(2, v2)
                     t_pub = time.perf_counter() - t
-                    swapped(1)
+                    swapped(2)
                     ours[mode].append(time.perf_counter() - t)
                     watcher.stop()
-                    moved[mode] = sum(f["size"] for f in store.read_manifest(ns, 1).files.values())
+                    moved[mode] = sum(f["size"] for f in store.read_manifest(ns, 2).files.values())
                     watcher = pub = None  # noqa: F841  (the publisher's copy of v0 goes)
                     print(f"{mode:5s} r{r}: raw put+get {raw[mode][-1]:6.2f}s | publish {t_pub:6.2f}s, "
                           f"publish->swapped {ours[mode][-1]:6.2f}s")
@@ -163,18 +174,25 @@ def main() -> None:
                 stages[what] = time.perf_counter() - t
                 return out
 
-            prev = timed("trainer: CPU copy of the version", lambda: cpu_copy(v0))
-            files, index = timed("trainer: xor + zstd + xxh3 (2 streams)",
-                                 lambda: encode_delta(prev, v1, tmp / "delta2"))
-            rebuilt = timed("explorer: unzstd + xor + xxh3", lambda: decode_delta(prev, files, index))
-            timed("explorer: engine swap", lambda: engine.load_weights(rebuilt, 1))
-            timed("for scale: xxh3_128 of every tensor", lambda: [tensor_xxh3(t) for t in v1.values()])
-            timed("sha256 of every tensor (2 threads; the check before xxh3)", lambda: state_sha256(v1))
-            prev = rebuilt = None  # noqa: F841
+            spare = cpu_copy(v0)
+            timed("trainer: CPU copy into a spare", lambda: cpu_copy(v1, into=spare))
+            scratch = []
+            encode_delta(v1, v2, tmp / "delta2", scratch=scratch)  # the publisher's XOR buffers, as in steady state
+            files, index = timed("trainer: sparse xor + zstd + xxh3 (2 streams)",
+                                 lambda: encode_delta(v1, v2, tmp / "delta3", scratch=scratch))
+            rebuilt = timed("explorer: unzstd + xor + xxh3", lambda: decode_delta(v1, files, index))
+            timed("explorer: engine swap", lambda: engine.load_weights(rebuilt, 2))
+            files, index = timed("for scale, the dense format (every byte's XOR): encode",
+                                 lambda: encode_delta(v1, v2, tmp / "dense", sparse=False))
+            timed("decode", lambda: decode_delta(v1, files, index))
+            print(f"dense format: {sum(f.stat().st_size for f in files) / 1e6:.2f} MB")
+            timed("for scale: xxh3_128 of every tensor", lambda: [tensor_xxh3(t) for t in v2.values()])
+            timed("sha256 of every tensor (2 threads; the check before xxh3)", lambda: state_sha256(v2))
+            spare = rebuilt = None  # noqa: F841
             print("delta stages: " + ", ".join(f"{k} {s:.2f}s" for k, s in stages.items()))
-            # the engine holds v1 exactly
+            # the engine holds v2 exactly
             own = canonical(engine.model.state_dict())
-            assert all(torch.equal(_u16(own[k]), _u16(v1[k])) for k in v1)
+            assert all(torch.equal(_u16(own[k]), _u16(v2[k])) for k in v2)
             producer.flush(10)
             publish = producer = None  # before the broker stops, or librdkafka logs reconnect failures
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731

@@ -80,14 +80,22 @@ def retried(fn: Callable[[], object], what: str, attempts: int = 4, delay: float
             delay *= 2
 
 
-def cpu_copy(state_dict: dict) -> dict:
+def cpu_copy(state_dict: dict, into: dict | None = None) -> dict:
     """A CPU copy of `state_dict` that the next optimiser step cannot change; tied tensors (one
-    storage under two names) stay tied, so `save_shards` still stores them once."""
+    storage under two names) stay tied, so `save_shards` still stores them once. `into`: tensors
+    nobody uses any more (`DeltaPublisher.take_spare`), copied into where a name's tensor has the
+    same shape and dtype (contiguous): no fresh host memory for those, which is written at about a
+    quarter of the speed of memory written before."""
     copies: dict[tuple, object] = {}
     out = {}
     for name, t in state_dict.items():
         key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if key not in copies:
-            copies[key] = t.detach().to("cpu", copy=True)
+            spare = into.get(name) if into else None
+            if (spare is not None and spare.shape == t.shape and spare.dtype == t.dtype and spare.is_contiguous()
+                    and spare.device.type == "cpu"):
+                copies[key] = spare.copy_(t.detach())
+            else:
+                copies[key] = t.detach().to("cpu", copy=True)
         out[name] = copies[key]
     return out

@@ -179,7 +179,9 @@ class Trainer(Intake, UpdateLoop):
         self.versions_since_ckpt = 0 if checkpoint_due else self.versions_since_ckpt + 1
         if not self.is_main:
             return
-        weights = cpu_copy(weights)  # the next step changes the live tensors
+        # the next step changes the live tensors; with delta sync, into the base the last delta
+        # retired (the publisher is done with it: `_await_publisher` above)
+        weights = cpu_copy(weights, into=self._delta.take_spare() if self._delta is not None else None)
         meta = self._version_meta()
 
         def job():
