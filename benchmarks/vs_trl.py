@@ -215,7 +215,11 @@ def streamrft_side(a, model_dir: str, train: str, eval_path: str, workdir: str) 
     first_seen: dict[int, float] = {}
     for t, v in versions:
         first_seen.setdefault(v, t)
-    return {"versions": sorted(first_seen.items()), "evals": evals, "final": final}
+    tags = set(acc.Tags()["scalars"])
+    # the trainer's own medians per step: waiting for data against computing (issue: wait <= compute)
+    trainer = {k: statistics.median(e.value for e in acc.Scalars(f"trainer/{k}"))
+               for k in ("wait_s", "step_s") if f"trainer/{k}" in tags}
+    return {"versions": sorted(first_seen.items()), "evals": evals, "final": final, "trainer": trainer}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -330,6 +334,10 @@ def main() -> int:
             r = streamrft_side(a, model_dir, train, eval_path, work)
             res["streamrft"] = summarise_streamrft(r, a.target)
             print("streamrft evals (version, reward):", " ".join(f"v{v}:{s:.2f}" for v, s in r["evals"]), flush=True)
+            if {"wait_s", "step_s"} <= set(r["trainer"]):
+                w, c = r["trainer"]["wait_s"], r["trainer"]["step_s"]
+                print(f"streamrft trainer per version (median): waiting for data {w:.3f} s, computing {c:.3f} s "
+                      f"(wait / compute {w / c:.2f}, target <= 1)", flush=True)
             print(f"load average after streamrft: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         for s in res.values():
             s["after_first"] = None if s["to_target"] is None else s["to_target"] - s["first"]
