@@ -66,15 +66,17 @@ def test_deepspeed_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(
     """Two gloo ranks, one group a step of 1 or 3 trajectories, killed -9 (the `streamrft train` CLI,
     torchrun and both ranks, by PID) once it has published versions, then started again: it resumes
     from its newest complete checkpoint, announces versions strictly increasing, trains every
-    trajectory exactly once over the restart, and leaves nothing running."""
+    trajectory exactly once over the restart, and leaves nothing running. The learning rate warms up
+    over all the steps (`trainer.warmup_steps`): the resumed ranks go on with the ramp where the
+    checkpoint left it (DeepSpeed's scheduler state), not from its start."""
     from streamrft.config import dump_config
     from streamrft.infra.stack import pid_alive
-    from streamrft.schemas import WeightVersion, decode, topic_name
+    from streamrft.schemas import Metric, WeightVersion, decode, topic_name
 
     steps = len(GROUP_SIZES)
     cfg = trainer_config(stack, "trainer.engine=deepspeed", "trainer.deepspeed.num_gpus=2",
                          f"trainer.deepspeed.zero_stage={stage}", "trainer.batch_groups=1",
-                         f"trainer.max_steps={steps}", f"trainer.max_staleness={steps}")
+                         f"trainer.max_steps={steps}", f"trainer.max_staleness={steps}", f"trainer.warmup_steps={steps}")
     groups = [kit.group(f"G{i}", 0, n=n) for i, n in enumerate(GROUP_SIZES)]
     kit.produce(stack.kafka, namespace, groups)
     resolved = tmp_path / "config.yaml"
@@ -128,3 +130,9 @@ def test_deepspeed_trainer_killed_with_sigkill_resumes_and_trains_nothing_twice(
     assert sorted(audit) == sorted(t.traj_id for g in groups for t in g.trajectories), audit
     assert max(audit.values()) == 1, "a trajectory was trained twice"
     assert state["counts"]["trained"] == sum(GROUP_SIZES)
+    # step s is update s - 1: lr * s / warmup_steps, in both runs (a step redone after the restart
+    # reports it again), so the resumed steps continue the ramp
+    metrics = [decode(r.value(), Metric) for r in read_all(stack.kafka, topic_name(namespace, "metrics"))]
+    lrs = [(m.step, m.values["lr"]) for m in metrics if m.role == "trainer" and "lr" in m.values]
+    assert {s for s, _ in lrs} == set(range(1, steps + 1)), lrs
+    assert all(lr == pytest.approx(cfg.trainer.lr * s / steps) for s, lr in lrs), lrs
