@@ -1,7 +1,7 @@
 """The bytes of a delta version (`engine.delta.encode_delta` / `decode_delta`), without S3: which
 tensors go sparse, the sparse layout worked out by hand, round trips of every element size, the
-checks a corrupt sparse entry fails, the XOR scratch reused from call to call, and the publisher's
-retired base that the trainer copies its next version into."""
+checks a corrupt sparse entry fails, and the XOR scratch reused from call to call (the publisher's
+retired base, which the trainer copies its next version into, is in test_delta_sync.py: real S3)."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 zstandard = pytest.importorskip("zstandard")
 
-from streamrft.consumers.publisher import cpu_copy  # noqa: E402
-from streamrft.engine.delta import (SPARSE_MAX_DENSITY, DeltaPublisher, decode_delta,  # noqa: E402
-                                    encode_delta)
+from streamrft.engine.delta import SPARSE_MAX_DENSITY, decode_delta, encode_delta  # noqa: E402
 from streamrft.infra.objectstore import CorruptVersionError  # noqa: E402
 
 
@@ -128,47 +126,3 @@ def test_the_scratch_is_kept_and_changes_no_byte(tmp_path):
     for a, b, c in zip(plain, first, second):
         assert a.read_bytes() == b.read_bytes() == c.read_bytes()
     assert index == index2
-
-
-def test_the_publishers_retired_base_takes_the_next_copy(tmp_path, monkeypatch):
-    """An owned delta makes the base it replaced the spare; `cpu_copy(into=spare)` fills those
-    very tensors (no fresh memory) and keeps a tied pair tied; the spare is never the current base."""
-    from streamrft.infra.objectstore import Manifest
-
-    published = []
-
-    class Store:  # publish_version only: what DeltaPublisher calls for a delta (S3 is not the point here)
-        def publish_version(self, model, version, files, meta):
-            published.append(meta)
-            return Manifest(model, version, {}, 0.0, meta)
-
-    monkeypatch.setattr("streamrft.engine.weights.publish_state_dict",
-                        lambda store, model, version, state, meta, max_shard_bytes: Manifest(model, version, {}, 0.0, meta))
-    def emb_ptr(state):
-        return state["emb.weight"].data_ptr()
-
-    emb = torch.randn(6, 4)
-    live = {"emb.weight": emb, "head.weight": emb, "b": torch.zeros(4)}  # a tied head
-    pub = DeltaPublisher(full_every=10)
-    assert pub.take_spare() is None
-    v0 = cpu_copy(live)
-    pub.publish(Store(), "m", 0, v0, owned=True)  # full: no base before it
-    assert pub.take_spare() is None
-    live["b"] += 1
-    v1 = cpu_copy(live)
-    pub.publish(Store(), "m", 1, v1, owned=True)
-    spare = pub.take_spare()
-    assert pub.take_spare() is None
-    assert {k: t.data_ptr() for k, t in spare.items()} == {"emb.weight": emb_ptr(v0), "b": v0["b"].data_ptr()}
-    assert all(p.data_ptr() == v1[k].data_ptr() for k, p in pub.prev.items())
-    live["b"] += 1
-    v2 = cpu_copy(live, into=spare)
-    assert v2["emb.weight"].data_ptr() == v0["emb.weight"].data_ptr() == v2["head.weight"].data_ptr()
-    assert v2["b"].data_ptr() == v0["b"].data_ptr() and torch.equal(v2["b"], torch.full((4,), 2.0))
-    pub.publish(Store(), "m", 2, v2, owned=True)
-    assert [m.get("delta_from") for m in published] == [0, 1]
-    assert {k: t.data_ptr() for k, t in pub.take_spare().items()} == {"emb.weight": emb_ptr(v1), "b": v1["b"].data_ptr()}
-    # a spare of another shape is not written into
-    other = cpu_copy({"b": torch.zeros(5)}, into=None)
-    v3 = cpu_copy(live, into=other)
-    assert v3["b"].data_ptr() != other["b"].data_ptr()

@@ -261,3 +261,45 @@ def test_config_checks_full_every(tmp_path):
     assert cfg.trainer.weight_sync.delta and cfg.trainer.weight_sync.full_every == 5
     assert not load_config(path, ["trainer.weight_sync.full_every=5", "trainer.weight_sync.delta=false"]
                            ).trainer.weight_sync.delta
+
+
+def test_the_publishers_retired_base_takes_the_next_copy(store, namespace, tmp_path):
+    """An owned delta makes the base it replaced the spare; `cpu_copy(into=spare)` fills those
+    very tensors (no fresh memory) and keeps a tied pair tied; the spare is never the current base,
+    and every version reads back from S3 as it was published."""
+    from streamrft.consumers.publisher import cpu_copy
+
+    key = f"{namespace}/policy"
+    published = []
+
+    def emb_ptr(state):
+        return state["emb.weight"].data_ptr()
+
+    emb = torch.randn(6, 4)
+    live = {"emb.weight": emb, "head.weight": emb, "b": torch.zeros(4)}  # a tied head
+    pub = DeltaPublisher(full_every=10)
+    assert pub.take_spare() is None
+    v0 = cpu_copy(live)
+    published.append(pub.publish(store, key, 0, v0, owned=True).meta)  # full: no base before it
+    assert pub.take_spare() is None
+    live["b"] += 1
+    v1 = cpu_copy(live)
+    published.append(pub.publish(store, key, 1, v1, owned=True).meta)
+    spare = pub.take_spare()
+    assert pub.take_spare() is None
+    assert {k: t.data_ptr() for k, t in spare.items()} == {"emb.weight": emb_ptr(v0), "b": v0["b"].data_ptr()}
+    assert all(p.data_ptr() == v1[k].data_ptr() for k, p in pub.prev.items())
+    live["b"] += 1
+    v2 = cpu_copy(live, into=spare)
+    assert v2["emb.weight"].data_ptr() == v0["emb.weight"].data_ptr() == v2["head.weight"].data_ptr()
+    assert v2["b"].data_ptr() == v0["b"].data_ptr() and torch.equal(v2["b"], torch.full((4,), 2.0))
+    published.append(pub.publish(store, key, 2, v2, owned=True).meta)
+    assert [m.get("delta_from") for m in published] == [None, 0, 1]
+    assert {k: t.data_ptr() for k, t in pub.take_spare().items()} == {"emb.weight": emb_ptr(v1), "b": v1["b"].data_ptr()}
+    for v in (0, 1, 2):  # v0's tensors now hold v2: what S3 has of each version is unchanged
+        state, _ = fetch_state_dict(store, key, v, tmp_path / "cache")
+        assert torch.equal(state["b"], torch.full((4,), float(v))) and torch.equal(state["emb.weight"], emb), v
+    # a spare of another shape is not written into
+    other = cpu_copy({"b": torch.zeros(5)}, into=None)
+    v3 = cpu_copy(live, into=other)
+    assert v3["b"].data_ptr() != other["b"].data_ptr()
