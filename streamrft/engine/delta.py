@@ -16,7 +16,7 @@ that is 13.65 MB instead of 25.55 MB on the 0.5B model; encoding costs about the
 changed elements costs what zstd saves), decoding a little less. Denser tensors stay dense.
 The publisher keeps one XOR buffer per stream (up to `DELTA_PARTS` x the largest tensor of host
 memory) and hands the base an owned version replaced back to the trainer (`take_spare`), to copy
-its next version into: memory written before is written about 3x faster than fresh pages.
+its next version into: fresh pages are written 3-4x slower than memory written before.
 
 Every delta version's meta says `delta_from` (N-1), `snapshot` (the full version its chain starts
 at), `full_every`, and per tensor `xxh3_128`: the 128-bit xxh3 of every RECONSTRUCTED tensor
@@ -135,8 +135,7 @@ def _shuffle(a: torch.Tensor) -> torch.Tensor:
 def _unshuffle(buf: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     import numpy as np
 
-    size = torch.empty(0, dtype=dtype).element_size()
-    return torch.from_numpy(np.ascontiguousarray(buf.numpy().reshape(size, n).T).reshape(-1)).view(dtype)
+    return torch.from_numpy(np.ascontiguousarray(buf.numpy().reshape(dtype.itemsize, n).T).reshape(-1)).view(dtype)
 
 
 def _xor_payload(prev: torch.Tensor, new: torch.Tensor, sparse: bool,
@@ -145,8 +144,8 @@ def _xor_payload(prev: torch.Tensor, new: torch.Tensor, sparse: bool,
     its elements changed (counted first: a dense tensor costs no search for its changes), the
     shuffled gaps then the shuffled XORs of its changed elements ("sparse_xor"); else the XOR of
     every byte ("xor"). The XOR is written into `scratch` (uint8, flat) when it is large enough: a
-    buffer reused from tensor to tensor costs no fresh pages (writing into new memory runs at about
-    a quarter of the speed here), and the payload may then be a view of it."""
+    buffer reused from tensor to tensor costs no fresh pages (new memory is written 3-4x slower
+    here), and the payload may then be a view of it."""
     if not sparse or new.element_size() not in _INTS or not new.numel():
         return _xor(prev, new), "xor", None
     nbytes = new.numel() * new.element_size()
@@ -224,12 +223,11 @@ def encode_delta(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor], ou
         if p is not None and p.dtype == t.dtype and p.shape == t.shape:
             entry["op"] = "xor"
 
-    def write(file: str) -> Path:
+    def write(part: int, file: str) -> Path:
         path = out_dir / file
         cctx = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
         buf = None
         if scratch is not None and sparse:
-            part = int(file.removeprefix("delta-").removesuffix(DELTA_SUFFIX))
             need = max((new[e["name"]].numel() * new[e["name"]].element_size()
                         for e in index if e["file"] == file and e["op"] == "xor"), default=0)
             if scratch[part].numel() < need:
@@ -257,7 +255,7 @@ def encode_delta(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor], ou
     if scratch is not None:
         scratch.extend(torch.empty(0, dtype=torch.uint8) for _ in range(len(files) - len(scratch)))
     with ThreadPoolExecutor(len(files) or 1) as pool:
-        paths = list(pool.map(write, files))
+        paths = list(pool.map(write, range(len(files)), files))
     return paths, index
 
 
@@ -292,7 +290,7 @@ def decode_delta(prev: dict[str, torch.Tensor], files: list[Path], index: list[d
                 numel = 1
                 for d in shape:
                     numel *= d
-                size = torch.empty(0, dtype=dtype).element_size()
+                size = dtype.itemsize
                 op = entry["op"]
                 if op not in ("full", "xor", "sparse_xor"):
                     raise CorruptVersionError(f"delta tensor {name}: unknown op {op!r}")
@@ -305,7 +303,7 @@ def decode_delta(prev: dict[str, torch.Tensor], files: list[Path], index: list[d
                     if not isinstance(nnz, int) or not 0 <= nnz <= numel or size not in _INTS:
                         raise CorruptVersionError(f"delta tensor {name}: nnz {nnz!r} for {numel} elements")
                     gap = _gap_dtype(numel)
-                    gaps = _unshuffle(_read_exact(reader, nnz * torch.empty(0, dtype=gap).element_size()), nnz, gap)
+                    gaps = _unshuffle(_read_exact(reader, nnz * gap.itemsize), nnz, gap)
                     values = _unshuffle(_read_exact(reader, nnz * size), nnz, _INTS[size])
                     out[name] = _apply_sparse_xor(p, gaps, values, name)
                 else:
@@ -347,7 +345,7 @@ class DeltaPublisher:
     def take_spare(self) -> dict[str, torch.Tensor] | None:
         """The tensors of a version this publisher no longer needs (the base an `owned` version
         replaced), for the caller to copy its next version into instead of allocating (fresh host
-        memory is written at about a quarter of the speed of memory written before); None when
+        memory is written 3-4x slower than memory written before); None when
         there is none. Thread-safe: the trainer takes it while the publisher thread publishes."""
         with self._spare_lock:
             spare, self._spare = self._spare, None
@@ -395,7 +393,7 @@ class DeltaPublisher:
                         self._retire(self.prev, new)
                         self.prev = new
                     else:  # tensors stored whole are new or reshaped: copies of their own
-                        self.prev = {e["name"]: self.prev[e["name"]] if e["op"] == "xor" else new[e["name"]].clone()
+                        self.prev = {e["name"]: self.prev[e["name"]] if e["op"] != "full" else new[e["name"]].clone()
                                      for e in index}
                     meta.update(delta_from=self.prev_version, snapshot=self.snapshot, full_every=self.full_every,
                                 tensors=index, full_tensors=[e["name"] for e in index if e["op"] == "full"])
