@@ -79,7 +79,7 @@ def test_up_status_down_twice(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "stack up" in r.stdout and not imported & set(HEAVY)
         pids = {name: p.pid for name, p in es.load_state().procs.items()}
-        assert set(pids) == {"weed", "tansu"} and all(pid_alive(p) for p in pids.values())
+        assert set(pids) == {"weed", "tansu", "keeper"} and all(pid_alive(p) for p in pids.values())
 
         r, _ = _cli("up", *flags)
         assert r.returncode == 0 and "already running" in r.stdout, r.stdout + r.stderr

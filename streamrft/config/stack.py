@@ -77,6 +77,22 @@ class S3Config(Section):
     """Bucket holding weight versions."""
 
 
+class LogKeeperConfig(Section):
+    """The embedded stack's log keeper (`infra/log_keeper.py`): it rolls the broker's small batch
+    objects (one per produce request) up into large ones, since the broker lists all of a
+    partition's objects on every fetch."""
+    enabled: bool = True
+    every_s: float = Field(5.0, gt=0, le=3600)
+    """Seconds between two passes over every partition."""
+    min_age_s: float = Field(10.0, ge=0, le=86400)
+    """Objects younger than this are left alone: a neighbour the broker lists late may still come
+    (consumers wait `kafka.gap_wait_s` for one, 10 s by default, then take its offsets as empty)."""
+    target_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
+    """Size of a merged object (a fetch returns at least one whole object)."""
+    min_run: int = Field(16, ge=2)
+    """A partition is rolled up once it holds at least this many small old objects."""
+
+
 class StackConfig(Section):
     embedded: bool = True
     """Start the embedded broker + S3 server (`streamrft up`); false = use `kafka`/`s3` as given."""
@@ -86,3 +102,4 @@ class StackConfig(Section):
     s3_port: int = Field(8333, **_PORT)
     weed_port_base: int = Field(19400, ge=1, le=65535 - 8)
     """First of the 9 internal SeaweedFS ports (master, volume, filer, admin and their gRPC ports)."""
+    log_keeper: LogKeeperConfig = Field(default_factory=LogKeeperConfig)

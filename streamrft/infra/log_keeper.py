@@ -1,0 +1,263 @@
+"""Keeps the embedded broker's partitions few objects long: rolls small batch objects up into large ones.
+
+Tansu 0.6 on S3 stores each produce request as one object, `.../partitions/<p>/records/<base
+offset>.batch`, and every fetch lists all of a partition's objects before it reads (SeaweedFS
+lists ~1,000 objects per 150 ms here) and gives up listing at the fetch's max wait. A partition of
+a few thousand requests answers fetches slower and slower; past ~15,000 a consumer reads nothing
+(`benchmarks/broker_growth.py`). The keeper runs beside the broker (`EmbeddedStack` starts it as a
+third process) and, every `every_s`, merges each run of older small objects of a partition into
+objects of up to `target_bytes` (`segments.merge`: every record's offset, timestamp, key, value and
+headers kept), so a partition holds about bytes / `target_bytes` objects however many requests
+wrote it. Only objects older than `min_age_s` are touched: the broker writes a batch's object after
+giving it its offsets, so a younger neighbour may still be missing (`offset_gaps.py`).
+
+A roll-up writes the merged object over the first object's name, then deletes the others in one
+request. A fetch that lists the partition between the two can return the merged records and the old
+copies after them: records delivered twice, which every streamrft reader tolerates (delivery is
+at-least-once) and guarded readers drop (`offset_gaps.take_contiguous`). A keeper killed between the
+two leaves copies inside a merged object's range; its journal names them and the next pass deletes
+them first.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from streamrft.infra.segments import HEADER, BatchError, merge, parse_batch
+
+log = logging.getLogger(__name__)
+
+CLUSTER = "tansu_cluster"
+READERS = 8  # concurrent GETs of a run's objects
+PENDING = "streamrft-log-keeper/pending.json"  # the roll-up in progress: the names it deletes after its write
+
+
+@dataclass
+class KeeperStats:
+    passes: int = 0
+    merged_objects: int = 0  # small objects rolled up
+    written_objects: int = 0  # merged objects written
+    leftovers_deleted: int = 0  # copies an interrupted roll-up left
+    unmergeable: int = 0  # compressed / transactional / control / unreadable batches left as they are
+    errors: int = 0
+    objects: dict[str, int] = field(default_factory=dict)  # partition prefix -> objects after the last pass
+
+
+@dataclass
+class _Obj:
+    name: str
+    base: int
+    size: int
+    modified: float
+
+
+def _base(name: str) -> int:
+    return int(name.rsplit("/", 1)[1][:20])
+
+
+class LogKeeper:
+    """Roll-ups over the broker's bucket, through a minio client (`client`)."""
+
+    def __init__(self, client, bucket: str = "tansu", min_age_s: float = 10.0, target_bytes: int = 1 << 20,
+                 min_run: int = 16, cluster: str = CLUSTER, journal: str = PENDING):
+        self.client, self.bucket, self.journal = client, bucket, journal
+        self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="log-keeper")
+        self.min_age_s, self.target_bytes, self.min_run = min_age_s, target_bytes, min_run
+        self.root = f"clusters/{cluster}/topics/"
+        self.stats = KeeperStats()
+
+    # ---- the layout --------------------------------------------------------------------------
+    def partitions(self) -> list[str]:
+        """Every partition's records prefix in the bucket."""
+        out = []
+        for t in self.client.list_objects(self.bucket, prefix=self.root):
+            if not t.is_dir:
+                continue
+            for p in self.client.list_objects(self.bucket, prefix=t.object_name + "partitions/"):
+                if p.is_dir:
+                    out.append(p.object_name + "records/")
+        return sorted(out)
+
+    def objects(self, prefix: str) -> list[_Obj]:
+        return [_Obj(o.object_name, _base(o.object_name), o.size,
+                     o.last_modified.timestamp() if o.last_modified else time.time())
+                for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
+                if o.object_name.endswith(".batch")]
+
+    def _read(self, name: str) -> bytes:
+        resp = self.client.get_object(self.bucket, name)
+        try:
+            return resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def _delete(self, names: list[str]) -> None:
+        from minio.deleteobjects import DeleteObject
+
+        errors = list(self.client.remove_objects(self.bucket, [DeleteObject(n) for n in names]))
+        if errors:
+            raise OSError(f"deleting {len(names)} objects: {errors[0]}")
+
+    # ---- one partition -------------------------------------------------------------------------
+    def roll_up(self, prefix: str, now: float | None = None) -> int:
+        """One pass over one partition; returns its object count after it."""
+        now = time.time() if now is None else now
+        objs = self.objects(prefix)
+        small = self.target_bytes // 2
+        run: list[_Obj] = []
+        runs: list[list[_Obj]] = []
+        # The first and the newest objects are never touched. The broker answers ListOffsets
+        # EARLIEST with the object of the oldest last-modified time, and a merged object is new:
+        # merging the first away would move every new consumer group's start (and `read_topic`'s)
+        # past the records before it. The broker's next write lands after the newest.
+        for o in objs[1:-1]:
+            if o.size >= small or now - o.modified < self.min_age_s:
+                if len(run) > 1:
+                    runs.append(run)
+                run = []
+                if now - o.modified < self.min_age_s:
+                    break  # everything after it is younger still (offsets are given in time order)
+                continue
+            if run and sum(x.size for x in run) + o.size > self.target_bytes:
+                runs.append(run)
+                run = []
+            run.append(o)
+        if len(run) > 1:
+            runs.append(run)
+        if sum(len(r) for r in runs) < self.min_run:
+            return len(objs)
+        left = len(objs)
+        for r in runs:
+            left -= self._merge_run(r)
+        return left
+
+    def finish_pending(self) -> None:
+        """Delete the copies a roll-up interrupted between its write and its delete left (its journal)."""
+        import json
+
+        try:
+            pending = json.loads(self._read(self.journal))
+        except Exception as e:  # no journal: nothing was interrupted
+            if getattr(e, "code", None) not in ("NoSuchKey", None):
+                raise
+            return
+        # only once the merged object was written: before that, the copies are the only ones
+        resp = self.client.get_object(self.bucket, pending["first"], offset=0, length=HEADER.size)
+        try:
+            last = _base(pending["first"]) + HEADER.unpack_from(resp.read())[6]
+        finally:
+            resp.close()
+            resp.release_conn()
+        if last >= pending["last_offset"]:
+            self._delete(pending["rest"])
+            self.stats.leftovers_deleted += len(pending["rest"])
+            log.warning("deleted %d copies an interrupted roll-up left (after %s)", len(pending["rest"]),
+                        pending["first"])
+        self.client.remove_object(self.bucket, self.journal)
+
+    def _merge_run(self, run: list[_Obj]) -> int:
+        """Merge one run (split where a batch cannot be merged); returns how many objects went away."""
+        import json
+
+        batches, gone = [], 0
+        # the reads wait on S3 round trips, not on this process: a few at a time
+        datas = list(self._pool.map(lambda o: self._read(o.name), run))
+        for o, data in zip(run + [None], datas + [None]):
+            batch = None
+            if o is not None:
+                try:
+                    batch = parse_batch(data, o.base)
+                except BatchError as e:
+                    log.warning("%s left as it is: %s", o.name, e)
+                if batch is None or not batch.mergeable:
+                    self.stats.unmergeable += 1
+            if batch is not None and batch.mergeable:
+                batches.append((o, batch))
+                continue
+            if len(batches) > 1:
+                data = merge([b for _, b in batches])
+                first = batches[0][0].name
+                rest = [x.name for x, _ in batches[1:]]
+                journal = json.dumps({"first": first, "last_offset": batches[-1][1].last_offset,
+                                      "rest": rest}).encode()
+                self.client.put_object(self.bucket, self.journal, _Bytes(journal), len(journal))
+                self.client.put_object(self.bucket, first, _Bytes(data), len(data))
+                self._delete(rest)
+                self.client.remove_object(self.bucket, self.journal)
+                self.stats.merged_objects += len(batches)
+                self.stats.written_objects += 1
+                gone += len(batches) - 1
+            batches = []
+        return gone
+
+    # ---- every partition ------------------------------------------------------------------------
+    def run_pass(self, stop: threading.Event | None = None) -> KeeperStats:
+        """One roll-up of every partition; `stop` ends it between two partitions."""
+        self.stats.passes += 1
+        try:
+            self.finish_pending()
+        except Exception as e:
+            self.stats.errors += 1
+            log.warning("finishing an interrupted roll-up failed: %s: %s", type(e).__name__, e)
+            return self.stats
+        for prefix in self.partitions():
+            if stop is not None and stop.is_set():
+                break
+            try:
+                self.stats.objects[prefix] = self.roll_up(prefix)
+            except Exception as e:  # S3 restarting, a topic deleted meanwhile: the next pass retries
+                self.stats.errors += 1
+                log.warning("roll-up of %s failed: %s: %s", prefix, type(e).__name__, e)
+        return self.stats
+
+
+class _Bytes:
+    """A readable stream over bytes (minio's put_object wants one)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n is None or n < 0 else self.pos + n
+        out = self.data[self.pos:end]
+        self.pos += len(out)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m streamrft.infra.log_keeper --s3 HOST:PORT ...`: passes until SIGTERM."""
+    from minio import Minio
+
+    from streamrft.infra.stack import S3_KEY, TANSU_BUCKET
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--s3", required=True, help="host:port of the broker's S3 store")
+    ap.add_argument("--bucket", default=TANSU_BUCKET)
+    ap.add_argument("--every-s", type=float, default=5.0)
+    ap.add_argument("--min-age-s", type=float, default=10.0)
+    ap.add_argument("--target-bytes", type=int, default=1 << 20)
+    ap.add_argument("--min-run", type=int, default=16)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s log-keeper %(levelname)s %(message)s")
+    keeper = LogKeeper(Minio(args.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False), args.bucket,
+                       args.min_age_s, args.target_bytes, args.min_run)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(args.every_s):
+        before = keeper.stats.merged_objects
+        keeper.run_pass(stop)
+        if keeper.stats.merged_objects > before:
+            log.info("pass %d: rolled %d objects up; largest partition now %d objects", keeper.stats.passes,
+                     keeper.stats.merged_objects - before, max(keeper.stats.objects.values(), default=0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
