@@ -14,7 +14,7 @@ The rate is capped at what `--read-s` allows: a consumer that reads everything i
 real rate.
 
 Loop (`--loop-config`): `streamrft run` on that config for `--loop-minutes` (max_wall_s set, the
-step limit lifted), keeper on; it prints versions and trajectories per minute from the run's
+step limit lifted), the keeper on or off (`--loop-keeper`); it prints versions and trajectories per minute from the run's
 progress lines, the zero-variance share from stream ops' metrics (a converged run filters most
 groups: fewer versions a minute for that reason is not a slowdown), and objects per partition of
 the run's topics at the end.
@@ -101,14 +101,15 @@ def probe(requests: int, keeper: bool, read_s: float, per_request: int = 1) -> d
             proxy.close()
 
 
-def loop(config: str, minutes: float, workdir: Path) -> None:
+def loop(config: str, minutes: float, workdir: Path, keeper: bool = True) -> None:
     from minio import Minio
 
     from streamrft.infra.stack import S3_KEY, TANSU_BUCKET, EmbeddedStack
 
     stack_dir = workdir / "stack"
     cmd = [str(Path(sys.executable).parent / "streamrft"), "run", config, f"stack.data_dir={stack_dir}",
-           f"output_dir={workdir / 'out'}", f"max_wall_s={int(minutes * 60)}", "trainer.max_steps=100000"]
+           f"output_dir={workdir / 'out'}", f"max_wall_s={int(minutes * 60)}", "trainer.max_steps=100000",
+           f"stack.log_keeper.enabled={str(keeper).lower()}"]
     print("loop:", " ".join(cmd), flush=True)
     progress = re.compile(r"^\[\s*(\d+)s\] step\s+\d+\s+version\s+(\d+).*trajectories (\d+)")
     points, profiles = [], 0
@@ -130,6 +131,7 @@ def loop(config: str, minutes: float, workdir: Path) -> None:
     state = es.up()  # the run stopped the stack it started: up again to read what it left
     try:
         filtered = _filtered_by_minute(state)
+        replays = _replay_rates(state)
         client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
         counts: dict[str, int] = {}
         for o in client.list_objects(TANSU_BUCKET, prefix="clusters/tansu_cluster/topics/", recursive=True):
@@ -140,13 +142,17 @@ def loop(config: str, minutes: float, workdir: Path) -> None:
         es.down()
     print("minute  versions/min  trajectories/s  zero-variance share of scored groups")
     t_end = points[-1][0]
+    rows = []
     for start in range(0, t_end, 60):
         inside = [pt for pt in points if start <= pt[0] < start + 60]
         if len(inside) >= 2:
             span = max(1, inside[-1][0] - inside[0][0])
             zv = filtered.get(start // 60)
-            print(f"{start // 60:6d}  {(inside[-1][1] - inside[0][1]) * 60 / span:12.1f}  "
-                  f"{(inside[-1][2] - inside[0][2]) / span:14.1f}  {'-' if zv is None else f'{zv:.2f}'}")
+            rows.append((start // 60, (inside[-1][1] - inside[0][1]) * 60 / span,
+                         (inside[-1][2] - inside[0][2]) / span, zv))
+            print(f"{rows[-1][0]:6d}  {rows[-1][1]:12.1f}  {rows[-1][2]:14.1f}  {'-' if zv is None else f'{zv:.2f}'}")
+    plot(rows, workdir / "loop_curve.png", config)
+    print(f"curve: {workdir / 'loop_curve.png'}")
     first = [pt for pt in points if pt[0] < 300]
     last = [pt for pt in points if pt[0] >= t_end - 600]
 
@@ -159,6 +165,50 @@ def loop(config: str, minutes: float, workdir: Path) -> None:
           f"(ratio {rate(last, 2) / max(rate(first, 2), 1e-9):.2f})")
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:12]:
         print(f"objects at the end {n:6d}  {key}")
+    for topic, (n, secs) in replays.items():
+        print(f"read from offset 0 after the run: {topic}: {n} records in {secs:.2f} s ({n / max(secs, 1e-9):,.0f}/s)")
+
+
+def _replay_rates(state) -> dict[str, tuple[int, float]]:
+    """Each of the run's topics read whole from offset 0 (a replay, an explorer's fold at start)."""
+    from confluent_kafka.admin import AdminClient
+
+    from streamrft.config import KafkaConfig
+    from streamrft.infra.kafka import read_topic
+
+    kafka = KafkaConfig(bootstrap=state.kafka)
+    out = {}
+    for topic in sorted(AdminClient({"bootstrap.servers": state.kafka}).list_topics(timeout=10).topics):
+        if topic.rsplit(".", 1)[-1] in ("admission", "task-stats", "experiences", "default", "metrics"):
+            t = time.monotonic()
+            n = len(read_topic(kafka, topic, deadline_s=600))
+            out[topic] = (n, time.monotonic() - t)
+    return out
+
+
+def plot(rows: list[tuple], path: Path, title: str) -> None:
+    """Versions a minute, trajectories a second and the zero-variance share, minute by minute."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [r[0] for r in rows]
+    fig, (a, b) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    a.plot(minutes, [r[1] for r in rows], ".-", label="versions / min")
+    a.plot(minutes, [r[2] for r in rows], ".-", label="trajectories / s")
+    a.set_ylim(bottom=0)
+    a.legend(loc="upper right")
+    a.set_title(f"{title}, embedded stack with the log keeper")
+    b.plot(minutes, [r[3] if r[3] is not None else float("nan") for r in rows], ".-", color="C2")
+    b.set_ylabel("zero-variance share")
+    b.set_ylim(0, 1.02)
+    b.set_xlabel("minute of the run")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _filtered_by_minute(state) -> dict[int, float]:
@@ -204,6 +254,7 @@ def main() -> None:
     ap.add_argument("--read-s", type=float, default=20.0)
     ap.add_argument("--loop-config")
     ap.add_argument("--loop-minutes", type=float, default=30.0)
+    ap.add_argument("--loop-keeper", choices=("on", "off"), default="on")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     if args.requests:
@@ -220,7 +271,7 @@ def main() -> None:
               f"S3 requests per fetch listing {off['s3_per_listing']:.1f} -> {on['s3_per_listing']:.1f}")
     if args.loop_config:
         workdir = Path(args.workdir or tempfile.mkdtemp(prefix="broker-growth-"))
-        loop(args.loop_config, args.loop_minutes, workdir)
+        loop(args.loop_config, args.loop_minutes, workdir, args.loop_keeper == "on")
 
 
 if __name__ == "__main__":

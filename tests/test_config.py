@@ -264,6 +264,10 @@ OUT_OF_RANGE = [
     ("stages=[{max_grad_norm: 0}]", "stages.0.max_grad_norm: must be > 0 (got 0)"),
     ("stages=[{weight_decay: -0.1}]", "stages.0.weight_decay: must be >= 0 (got -0.1)"),
     ("max_wall_s=0", "max_wall_s: must be > 0 (got 0)"),
+    ("stack.log_keeper.every_s=0", "stack.log_keeper.every_s: must be > 0 and <= 3600 (got 0)"),
+    ("stack.log_keeper.min_age_s=-1", "stack.log_keeper.min_age_s: must be >= 0 and <= 86400 (got -1)"),
+    ("stack.log_keeper.target_bytes=1000", "stack.log_keeper.target_bytes: must be >= 1024 and <= 67108864 (got 1000)"),
+    ("stack.log_keeper.min_run=1", "stack.log_keeper.min_run: must be >= 2 (got 1)"),
     # not finite
     ("trainer.lr=.inf", "trainer.lr: must be a finite number (got inf)"),
     ("stream_ops.rewards=[{name: reverse, weight: .nan}]", "stream_ops.rewards.0.weight: must be a finite number (got nan)"),
@@ -310,6 +314,7 @@ def test_every_number_in_the_tree_has_a_range_tested():
     "kafka.retention_ms=-1", "kafka.retention_ms=1", "eval.every_versions=0", "eval.temperature=2", "eval.nice=0", "eval.nice=19", "monitor.dashboard.port=0",
     "algorithm.entropy_coef=-0.01", "stream_ops.rewards=[{name: reverse, weight: -1}]",
     "explorer.max_turns=1", "explorer.max_total_tokens=2",
+    "stack.log_keeper.min_age_s=0", "stack.log_keeper.enabled=false",
     "model.lora.r=1", "model.lora.dropout=0", "model.lora.target_modules=[q_proj]",
 ])
 def test_values_at_the_edge_of_their_range_load(inline_yaml, override):

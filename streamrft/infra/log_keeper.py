@@ -251,11 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     while not stop.wait(args.every_s):
-        before = keeper.stats.merged_objects
-        keeper.run_pass(stop)
+        before, t0 = keeper.stats.merged_objects, time.monotonic()
+        try:
+            keeper.run_pass(stop)
+        except Exception as e:  # S3 restarting (listing the partitions failed): the next pass retries
+            keeper.stats.errors += 1
+            log.warning("pass %d failed: %s: %s", keeper.stats.passes, type(e).__name__, e)
+            continue
         if keeper.stats.merged_objects > before:
-            log.info("pass %d: rolled %d objects up; largest partition now %d objects", keeper.stats.passes,
-                     keeper.stats.merged_objects - before, max(keeper.stats.objects.values(), default=0))
+            log.info("pass %d: rolled %d objects up in %.1f s; largest partition now %d objects",
+                     keeper.stats.passes, keeper.stats.merged_objects - before, time.monotonic() - t0,
+                     max(keeper.stats.objects.values(), default=0))
     return 0
 
 
