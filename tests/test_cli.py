@@ -107,14 +107,14 @@ def test_up_status_down_twice(tmp_path):
             assert r.returncode == 0, r.stdout + r.stderr
             out = r.stdout
             assert "kafka: ok" in out and "s3: ok" in out and not imported & set(HEAVY)
-            assert "tansu=up" in out and "weed=up" in out
+            assert "tansu=up" in out and "weed=up" in out and "keeper=up" in out
             assert topic in out and "records=5" in out
             assert group in out and "lag=3" in out and "committed=p0:2" in out
             assert "weights" in out and "tansu " in out
 
             r, _ = _cli("down", *flags)
             assert r.returncode == 0, r.stderr
-            assert "stopped: tansu, weed" in r.stdout
+            assert "stopped: keeper, tansu, weed" in r.stdout
             assert not any(pid_alive(p) for p in pids.values())
             assert _processes_of(data_dir, ports) == []
 
@@ -134,7 +134,7 @@ def test_roundtrip(tmp_path):
         r, _ = _cli("roundtrip", *flags, "--config", str(config), timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "roundtrip OK" in r.stdout
-        assert "stack down: stopped tansu, weed" in r.stdout
+        assert "stack down: stopped keeper, tansu, weed" in r.stdout
         assert _processes_of(data_dir, ports) == []
     finally:
         EmbeddedStack(data_dir).down()

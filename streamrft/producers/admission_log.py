@@ -1,7 +1,7 @@
 """An explorer's side of `<ns>.admission`: its own ledger out, everyone's counts in.
 
-The topic has one partition and is read whole from offset 0 (never from `latest`: the embedded
-broker's end offsets are wrong). A thread folds it into an `AdmissionView`. The explorer's first
+The topic has one partition and is read from offset 0, or from the fold's newest snapshot on
+(`fold_snapshot.py`), never from `latest` (the embedded broker's end offsets are wrong). A thread folds it into an `AdmissionView`. The explorer's first
 record is its ledger with nothing produced; the counts are read once that record comes back, so a
 restarted or newly joined explorer never decides on a partial count.
 
@@ -23,13 +23,15 @@ from confluent_kafka import TopicPartition
 from streamrft.config import KafkaConfig
 from streamrft.infra.kafka import decoded, ensure_topics, flush_or_raise, make_consumer, make_producer, run_topics
 from streamrft.infra.offset_gaps import OffsetGaps, assign_guarded, take_contiguous
-from streamrft.producers.admission import LEASE_S, REFRESH_S, AdmissionView
+from streamrft.producers.admission import LEASE_S, REFRESH_S, AdmissionView, Ledger
+from streamrft.producers.fold_snapshot import FoldSnapshots
 from streamrft.schemas import ExplorerLedger, GroupDropped, encode, topic_name
 
 log = logging.getLogger(__name__)
 
 Counts = tuple[int, int, "int | None"]  # (generated, dropped, oldest version in flight)
 FETCH_WAIT_MS = 100
+SNAPSHOT = "admission"
 
 
 class _Ticket:
@@ -41,8 +43,13 @@ class _Ticket:
 
 class AdmissionLog:
     def __init__(self, kafka: KafkaConfig, namespace: str, explorer_id: str, lease_s: float = LEASE_S,
-                 refresh_s: float = REFRESH_S):
-        self.kafka, self.namespace, self.id = kafka, namespace, explorer_id
+                 refresh_s: float = REFRESH_S, snapshots: FoldSnapshots | None = None):
+        self.kafka, self.namespace, self.id, self.snapshots = kafka, namespace, explorer_id, snapshots
+        # every ledger read, this process's own included (a snapshot serves other processes), and
+        # where the fold is: a snapshot is the state after the records before `_next`
+        self._ledgers: dict[str, list[int]] = {}
+        self._next = 0
+        self.folded = 0  # records read and folded by this process
         self.topic = topic_name(namespace, "admission")
         self.refresh_s = refresh_s
         self.view = AdmissionView(explorer_id, lease_s)
@@ -219,6 +226,10 @@ class AdmissionLog:
                 log.warning("unexpected %s on %s offset %d", record.kind, self.topic, m.offset())
                 continue
             with self._read:
+                if isinstance(record, ExplorerLedger):
+                    old = self._ledgers.get(record.explorer_id)
+                    self._ledgers[record.explorer_id] = [max(record.produced, old[0]) if old else record.produced,
+                                                         record.in_flight, record.in_flight_version]
                 if isinstance(record, ExplorerLedger) and record.explorer_id == self.id:
                     self.caught_up.set()  # our own record came back: everything before it is folded
                     if record.in_flight:  # a reservation: what precedes it decides how much it keeps
@@ -229,6 +240,37 @@ class AdmissionLog:
                 else:
                     self.view.apply(record, time.monotonic())
 
+    def _restore(self) -> None:
+        """Start from the fold's newest snapshot, if there is one (`fold_snapshot.py`)."""
+        snap = self.snapshots.load(SNAPSHOT) if self.snapshots is not None else None
+        if snap is None or set(snap[0]) != {0}:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._next = snap[0][0]
+            self._ledgers = {k: list(v) for k, v in snap[1]["ledgers"].items()}
+            for explorer_id, (produced, in_flight, version) in self._ledgers.items():
+                if explorer_id != self.id:
+                    self.view.ledgers[explorer_id] = Ledger(produced, in_flight, version, now)
+            self.view.dropped_ids = set(snap[1]["dropped"])
+
+    def _advance(self, msgs) -> None:
+        """Past the records just folded; now and then, a snapshot of the fold there."""
+        taken = [m.offset() for m in msgs if m.error() is None]
+        if not taken:
+            return
+        with self._lock:
+            self._next = max(self._next, max(taken) + 1)
+            self.folded += len(taken)
+            if self.snapshots is None or not self.snapshots.due(SNAPSHOT, {0: self._next}):
+                return
+            nxt, state = {0: self._next}, self.state()
+        self.snapshots.save(SNAPSHOT, nxt, state)
+
+    def state(self) -> dict:  # lock held
+        """The fold so far: every process's ledger and the dropped groups' ids."""
+        return {"ledgers": {k: list(v) for k, v in self._ledgers.items()}, "dropped": sorted(self.view.dropped_ids)}
+
     def _run(self) -> None:
         # a reservation waits for its record to come back. Measured on the embedded broker: 157 ms
         # with librdkafka's default 500 ms fetch wait, 57 ms with 100, 16 ms with 20; but at 20
@@ -237,13 +279,16 @@ class AdmissionLog:
         consumer = make_consumer(self.kafka, None, **{"fetch.wait.max.ms": FETCH_WAIT_MS})
         # never past a record the broker lists late: every explorer must fold the same order
         gaps = OffsetGaps(self.kafka.gap_wait_s, name="admission-log")
-        assign_guarded(consumer, gaps, [TopicPartition(self.topic, 0, 0)])
         try:
+            self._restore()
+            assign_guarded(consumer, gaps, [TopicPartition(self.topic, 0, self._next)])
             with self._lock:
                 self._publish()
             while not self._stop.is_set():
                 # consume() waits out its timeout
-                self._fold(take_contiguous(consumer, gaps, consumer.consume(500, timeout=0.01)))
+                msgs = take_contiguous(consumer, gaps, consumer.consume(500, timeout=0.01))
+                self._fold(msgs)
+                self._advance(msgs)
                 with self._lock:
                     # republished now and then until read back (catch-up) and acknowledged (a
                     # broker restart), and while a batch is in flight (the lease)

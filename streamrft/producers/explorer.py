@@ -32,6 +32,7 @@ from streamrft.infra.objectstore import WeightStore
 from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.admission import explorer_share, groups_per_version, headroom
 from streamrft.producers.admission_log import AdmissionLog
+from streamrft.producers.fold_snapshot import FoldSnapshots
 from streamrft.producers.membership import Membership
 from streamrft.producers.task_selection import TaskStats, make_selector, uses_stats
 from streamrft.producers.task_stats import TaskStatsReader
@@ -61,7 +62,9 @@ class Explorer:
         ex = cfg.explorer
         self.members = Membership(cfg.kafka, cfg.namespace, self.id, cfg.explorer.num_slots)
         # its ledger's key: unique per process start (pids repeat across machines and containers)
-        self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}")
+        # the admission and task-stats folds start from their newest snapshots (`fold_snapshot.py`)
+        self.admission = AdmissionLog(cfg.kafka, cfg.namespace, f"{self.id}-{uuid.uuid4().hex[:8]}",
+                                      snapshots=FoldSnapshots(cfg.s3, cfg.namespace))
         # joining the group waits for the broker's rebalance (3 s on the embedded one) and the
         # admission counts for a read-back: both start here, so they overlap the engine's load
         # (seconds of imports on shared cores) instead of following it. A mid-run joiner holds
@@ -122,7 +125,8 @@ class Explorer:
         seed = cfg.data.seed * 1000 + self.index
         selector = make_selector(ex.task_selector, seed, cfg.data.shuffle)
         stats = TaskStats(getattr(selector, "window", 64))
-        reader = TaskStatsReader(cfg.kafka, cfg.namespace, stats) if uses_stats(ex.task_selector) else None
+        reader = (TaskStatsReader(cfg.kafka, cfg.namespace, stats, FoldSnapshots(cfg.s3, cfg.namespace))
+                  if uses_stats(ex.task_selector) else None)
         tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=seed, selector=selector, stats=stats)
         workflow = make_workflow(ex)
         if reader is not None:

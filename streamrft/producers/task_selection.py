@@ -40,6 +40,17 @@ class TaskStats:
         self._frozen[outcome.task_id] = tuple(kept)
         return True
 
+    def state(self) -> dict:
+        """Everything folded so far, for a snapshot (`fold_snapshot.py`)."""
+        return {"window": self.window, "rewards": {t: list(r) for t, r in self._rewards.items()},
+                "seen": sorted(self._seen)}
+
+    def restore(self, state: dict) -> None:
+        """Start from a snapshot's `state()` (before any `add`)."""
+        self._rewards = {t: deque(map(float, r), maxlen=self.window) for t, r in state["rewards"].items()}
+        self._frozen = {t: tuple(r) for t, r in self._rewards.items()}
+        self._seen = set(state["seen"])
+
     def rewards(self, task_id: str) -> tuple[float, ...]:
         """The task's newest episode rewards, oldest first (empty: never scored)."""
         return self._frozen.get(task_id, ())

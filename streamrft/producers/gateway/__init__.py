@@ -37,6 +37,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
     from streamrft.monitor.prometheus import RoleMetrics
     from streamrft.producers.admission import groups_per_version, headroom
     from streamrft.producers.admission_log import AdmissionLog
+    from streamrft.producers.fold_snapshot import FoldSnapshots
     from streamrft.producers.gateway.groups import GroupStore
     from streamrft.producers.gateway.server import Gateway, create_app
     from streamrft.producers.gateway.teams import TeamKeys
@@ -55,7 +56,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
     store = WeightStore(cfg.s3)
     watcher = WeightsWatcher(cfg.kafka, cfg.namespace, store, cfg.model.name, cfg.weights_key,
                              Path(cfg.output_dir) / "cache" / gateway_id)
-    admission = AdmissionLog(cfg.kafka, cfg.namespace, gateway_id)
+    admission = AdmissionLog(cfg.kafka, cfg.namespace, gateway_id, snapshots=FoldSnapshots(cfg.s3, cfg.namespace))
     producer = make_producer(cfg.kafka)
     per_version = groups_per_version(cfg.trainer.batch_groups, cfg.trainer.sync_interval)
     S = cfg.trainer.max_staleness
