@@ -224,7 +224,7 @@ def test_ctrl_c_stops_every_role_and_the_stack_it_started(tmp_path, signum):
     assert proc.returncode == 130, "".join(lines) + out
     assert "interrupted" in out and "stack down" in out
     pids = list(roles.values()) + [p["pid"] for p in stack["procs"].values()]
-    assert len(pids) == 5 + 2  # trainer, stream ops, 2 explorers, evaluator; weed, tansu
+    assert len(pids) == 5 + 3  # trainer, stream ops, 2 explorers, evaluator; weed, tansu, the log keeper
     assert "evaluator" in roles
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
