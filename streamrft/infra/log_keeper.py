@@ -14,7 +14,8 @@ giving it its offsets, so a younger neighbour may still be missing (`offset_gaps
 A roll-up writes the merged object over the first object's name, then deletes the others in one
 request. A fetch that lists the partition between the two can return the merged records and the old
 copies after them: records delivered twice, which every streamrft reader tolerates (delivery is
-at-least-once) and guarded readers drop (`offset_gaps.take_contiguous`). A keeper killed between the
+at-least-once) and guarded readers drop (`offset_gaps.take_contiguous`: an offset at or below one
+already taken since the reader was positioned). A keeper killed between the
 two leaves copies inside a merged object's range; its journal names them and the next pass deletes
 them first.
 """

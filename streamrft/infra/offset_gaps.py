@@ -47,6 +47,7 @@ class OffsetGaps:
         self.clock, self.wall = clock, wall  # `wall`: the clock of record timestamps (epoch seconds)
         self.name = name
         self.next: dict[Hashable, int] = {}
+        self.taken: dict[Hashable, int] = {}  # `take_contiguous`: the newest offset handed out since `expect`
         # key -> (missing offset, first seen, when it is taken as empty), on `clock`
         self.since: dict[Hashable, tuple[int, float, float]] = {}
         self.holes_filled = 0  # holes whose records arrived while we waited
@@ -58,6 +59,7 @@ class OffsetGaps:
     def expect(self, key: Hashable, offset: int | None) -> None:
         """The consumer was (re)positioned: `offset` comes next (None: whatever comes next)."""
         self.since.pop(key, None)
+        self.taken.pop(key, None)
         if offset is None or offset < 0:
             self.next.pop(key, None)
         else:
@@ -109,9 +111,10 @@ def assign_guarded(consumer: Consumer, gaps: OffsetGaps, partitions: list[TopicP
 def take_contiguous(consumer: Consumer, gaps: OffsetGaps, msgs: list) -> list:
     """The records of a `consume`/`poll` result the consumer may take (errors pass through); for a
     partition with a hole, seeks back to it and drops the partition's records after it. A record
-    at or below one already taken from the same result is a copy within one fetch (a fetch made
-    while the log keeper swaps small batch objects for a merged one) and is dropped."""
-    out, rewound, taken = [], set(), {}
+    at or below one already taken since the consumer was positioned (`assign_guarded`) is a copy
+    the broker sent again (a fetch made while the log keeper swaps small batch objects for a merged
+    one) and is dropped."""
+    out, rewound, taken = [], set(), gaps.taken
     for m in msgs:
         if m.error() is not None:
             out.append(m)
