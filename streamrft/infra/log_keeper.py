@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from streamrft.infra.objectstore import read_object
 from streamrft.infra.segments import HEADER, BatchError, merge, parse_batch
 
 log = logging.getLogger(__name__)
@@ -90,13 +91,8 @@ class LogKeeper:
                 for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
                 if o.object_name.endswith(".batch")]
 
-    def _read(self, name: str) -> bytes:
-        resp = self.client.get_object(self.bucket, name)
-        try:
-            return resp.read()
-        finally:
-            resp.close()
-            resp.release_conn()
+    def _read(self, name: str, length: int = 0) -> bytes:
+        return read_object(self.client, self.bucket, name, length=length)
 
     def _delete(self, names: list[str]) -> None:
         from minio.deleteobjects import DeleteObject
@@ -117,18 +113,20 @@ class LogKeeper:
         # EARLIEST with the object of the oldest last-modified time, and a merged object is new:
         # merging the first away would move every new consumer group's start (and `read_topic`'s)
         # past the records before it. The broker's next write lands after the newest.
+        size = 0  # of `run`
         for o in objs[1:-1]:
             if o.size >= small or now - o.modified < self.min_age_s:
                 if len(run) > 1:
                     runs.append(run)
-                run = []
+                run, size = [], 0
                 if now - o.modified < self.min_age_s:
                     break  # everything after it is younger still (offsets are given in time order)
                 continue
-            if run and sum(x.size for x in run) + o.size > self.target_bytes:
+            if run and size + o.size > self.target_bytes:
                 runs.append(run)
-                run = []
+                run, size = [], 0
             run.append(o)
+            size += o.size
         if len(run) > 1:
             runs.append(run)
         if sum(len(r) for r in runs) < self.min_run:
@@ -149,12 +147,7 @@ class LogKeeper:
                 raise
             return
         # only once the merged object was written: before that, the copies are the only ones
-        resp = self.client.get_object(self.bucket, pending["first"], offset=0, length=HEADER.size)
-        try:
-            last = _base(pending["first"]) + HEADER.unpack_from(resp.read())[6]
-        finally:
-            resp.close()
-            resp.release_conn()
+        last = _base(pending["first"]) + HEADER.unpack_from(self._read(pending["first"], HEADER.size))[6]
         if last >= pending["last_offset"]:
             self._delete(pending["rest"])
             self.stats.leftovers_deleted += len(pending["rest"])

@@ -105,6 +105,16 @@ def make_client(cfg: S3Config) -> Minio:
                  secure=cfg.secure, region=cfg.region, http_client=http)
 
 
+def read_object(client: Minio, bucket: str, name: str, offset: int = 0, length: int = 0) -> bytes:
+    """An object's bytes (`length` > 0: that many from `offset`), its connection given back."""
+    resp = client.get_object(bucket, name, offset=offset, length=length)
+    try:
+        return resp.read()
+    finally:
+        resp.close()
+        resp.release_conn()
+
+
 class WeightStore:
     def __init__(self, cfg: S3Config, client: Minio | None = None, retry_s: float = 60.0):
         self.client = client or make_client(cfg)
@@ -162,15 +172,7 @@ class WeightStore:
             self.bucket, name, io.BytesIO(data), len(data), content_type="application/json"))
 
     def _get(self, name: str) -> bytes:
-        def read() -> bytes:
-            resp = self.client.get_object(self.bucket, name)
-            try:
-                return resp.read()
-            finally:
-                resp.close()
-                resp.release_conn()
-
-        return self._retry(f"read {name}", read)
+        return self._retry(f"read {name}", read_object, self.client, self.bucket, name)
 
     def _download(self, prefix: str, entries: dict[str, dict], dest: Path) -> None:
         """Every file of `entries` from `prefix` into `dest`, each checked against its size and sha256."""

@@ -18,6 +18,7 @@ import time
 import msgpack
 
 from streamrft.config import S3Config
+from streamrft.infra.objectstore import make_client, read_object
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,6 @@ MIN_RECORDS = 1000
 
 class FoldSnapshots:
     def __init__(self, s3: S3Config, namespace: str, every_s: float = EVERY_S, min_records: int = MIN_RECORDS):
-        from streamrft.infra.objectstore import make_client
-
         self.client, self.bucket = make_client(s3), s3.bucket
         self.prefix = f"{namespace}/folds/"
         self.every_s, self.min_records = every_s, min_records
@@ -40,12 +39,7 @@ class FoldSnapshots:
     def load(self, name: str) -> tuple[dict[int, int], dict] | None:
         """({partition: next offset}, state) of fold `name`'s snapshot; None: fold from offset 0."""
         try:
-            resp = self.client.get_object(self.bucket, self.key(name))
-            try:
-                raw = msgpack.unpackb(resp.read(), strict_map_key=False)
-            finally:
-                resp.close()
-                resp.release_conn()
+            raw = msgpack.unpackb(read_object(self.client, self.bucket, self.key(name)), strict_map_key=False)
             nxt = raw.get("next") if isinstance(raw, dict) else None
             if not isinstance(nxt, dict) or not all(isinstance(p, int) and isinstance(o, int) and p >= 0 and o >= 0
                                                     for p, o in nxt.items()) or not isinstance(raw.get("state"), dict):
