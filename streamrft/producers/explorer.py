@@ -36,10 +36,11 @@ from streamrft.producers.fold_snapshot import FoldSnapshots
 from streamrft.producers.membership import Membership
 from streamrft.producers.task_selection import TaskStats, make_selector, uses_stats
 from streamrft.producers.task_stats import TaskStatsReader
-from streamrft.producers.tasks import load_task_file, make_task_source
+from streamrft.producers.tasks import FileTasks, load_task_file, make_task_source
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.producers.workflows import make_workflow
 from streamrft.schemas import Metric, encode, topic_name
+from streamrft.stream_ops.rewards import check_tasks
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class Explorer:
         reader = (TaskStatsReader(cfg.kafka, cfg.namespace, stats, FoldSnapshots(cfg.s3, cfg.namespace))
                   if uses_stats(ex.task_selector) else None)
         tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=seed, selector=selector, stats=stats)
+        if isinstance(tasks, FileTasks):  # a task its rewards cannot score is refused now, not dead-lettered later
+            check_tasks(cfg.stream_ops.rewards, tasks.tasks)
         workflow = make_workflow(ex)
         if reader is not None:
             reader.start()

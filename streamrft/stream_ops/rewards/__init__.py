@@ -108,4 +108,21 @@ def is_factory(fn: RewardFn) -> bool:
     return bool(getattr(fn, "factory", False))
 
 
-__all__ = ["CONTEXT", "KINDS", "REWARDS", "RewardFn", "is_factory", "resolve_reward", "reward_context", "reward_kind"]
+__all__ = ["CONTEXT", "KINDS", "REWARDS", "RewardFn", "check_tasks", "is_factory", "resolve_reward", "reward_context", "reward_kind"]
+
+
+def check_tasks(terms, tasks) -> None:
+    """Refuse, at load time, tasks a reward term cannot score: each term whose reward has a
+    `check_task(task, **params)` sees every task; the first refusal raises ValueError naming the
+    task and the term (e.g. a code_tests test that cannot be split into a call and a literal)."""
+    for term in terms:
+        if term.name == "env" and not term.import_path:
+            continue
+        check = getattr(resolve_reward(term.name, term.import_path), "check_task", None)
+        if check is None:
+            continue
+        for task in tasks:
+            try:
+                check(task, **term.params)
+            except ValueError as e:
+                raise ValueError(f"task {task.task_id}: reward {term.import_path or term.name}: {e}") from None

@@ -1,0 +1,409 @@
+"""One sandbox process: bubblewrap namespaces, a minimal read-only root, a cgroup per run.
+
+`spawn(spec)` starts `bwrap ... python -I -S -c RUNNER` and returns a `Jail` whose runner waits
+for its job on stdin (so a pool can keep jails warm). What each one gets:
+
+- new user, pid, net, ipc, uts, cgroup and mount namespaces (`--unshare-all`), no further user
+  namespaces (`--disable-userns`), uid/gid 65534 inside, no capabilities, a new session, a cleared
+  environment, killed with its parent (`--die-with-parent`);
+- a root holding only the interpreter, the shared libraries it and its stdlib's extension modules
+  load (found with `ldd`), and the stdlib with `site-packages` hidden, all read-only; a new `/proc`
+  (its own processes only); a minimal `/dev`, read-only;
+- `/tmp` (the cwd): a tmpfs with both `size` and `nr_inodes`, mounted by the parent in a private
+  mount namespace of the jail's own (so it vanishes with the jail), or, where the parent cannot
+  mount (not root), bwrap's own size-capped tmpfs;
+- a cgroup of its own (v2, else the v1 `memory` and `pids` hierarchies) holding every process of
+  the run: `memory` (swap included) and `pids` bound the run as a whole. Where no cgroup can be
+  made, the fallback is RLIMIT_NPROC counted in the jail's own user namespace (so per run) times
+  RLIMIT_AS per process: the total is still bounded, by `processes x memory_mb`.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import functools
+import glob
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamrft.stream_ops.sandbox.runner import RUNNER
+
+log = logging.getLogger(__name__)
+
+SANDBOX_UID = 65534
+CGROUP_DIR = "streamrft-sandbox"
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+
+
+class SandboxUnavailable(RuntimeError):
+    """The machine cannot make the sandbox (no bubblewrap, or the kernel refuses): never run unconfined."""
+
+
+@dataclass(frozen=True)
+class JailSpec:
+    """What is fixed when a jail starts (the pool's key); rlimits come with each job."""
+    memory_mb: int
+    processes: int
+    tmpfs_mb: int
+    inodes: int
+
+
+@dataclass
+class Jail:
+    proc: subprocess.Popen
+    out_fd: int
+    """memfds on the parent's side: the solution's stdout, stderr, and the runner's results."""
+    err_fd: int
+    res_fd: int
+    cgroup: "Cgroup | None"
+    scratch: str | None
+    started: float
+
+    def read(self, fd: int, cap: int) -> bytes:
+        return os.pread(fd, cap, 0)
+
+    def destroy(self) -> None:
+        """Kill every process of the jail and free what it held; nothing of the run is left."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()  # bwrap: its child, the namespace's init, dies with it, and the kernel kills the rest
+            except ProcessLookupError:
+                pass
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("sandbox: bwrap pid %d did not exit in 10 s after SIGKILL", self.proc.pid)
+        for fd in (self.out_fd, self.err_fd, self.res_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.scratch is not None:
+            try:
+                os.rmdir(self.scratch)
+            except OSError:
+                pass
+
+
+# ---- cgroups --------------------------------------------------------------------------------
+
+class Cgroup:
+    """One run's cgroup: a directory per hierarchy (one on v2; memory and pids on v1)."""
+
+    def __init__(self, dirs: list[str], version: int):
+        self.dirs, self.version = dirs, version
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for f in self.procs_files:
+            try:
+                out.update(int(p) for p in Path(f).read_text().split())
+            except OSError:
+                pass
+        return sorted(out)
+
+    def kill(self) -> None:
+        if self.version == 2 and _write(os.path.join(self.dirs[0], "cgroup.kill"), "1"):
+            return
+        for _ in range(100):  # v1: no cgroup.kill; a process forked meanwhile shows on the next pass
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            for attempt in range(200):  # the killed processes leave the cgroup as they are reaped
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        log.warning("sandbox: cannot remove cgroup %s: %s", d, e)
+                        break
+                    time.sleep(0.005)
+            else:
+                log.warning("sandbox: cgroup %s still busy after its run", d)
+
+    def peak_memory(self) -> int | None:
+        """The run's peak memory in bytes (for tests and benchmarks)."""
+        for name in ("memory.peak", "memory.max_usage_in_bytes"):
+            for d in self.dirs:
+                try:
+                    return int(Path(d, name).read_text())
+                except (OSError, ValueError):
+                    continue
+        return None
+
+
+def _write(path: str, text: str) -> bool:
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+        return True
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup_bases() -> tuple[int, tuple[str, ...]] | None:
+    """(version, the directories new run cgroups go under), or None where none can be made here."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            own[c] = path
+    mounts = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        fields, fstype = pre.split(), post.split()
+        if not fstype:
+            continue
+        root, point = fields[3], fields[4]
+        if fstype[0] == "cgroup2":
+            mounts.setdefault("", (root, point))
+        elif fstype[0] == "cgroup":
+            for opt in fstype[2].split(","):
+                if opt in ("memory", "pids"):
+                    mounts[opt] = (root, point)
+    if "memory" in mounts and "pids" in mounts:  # v1 (or hybrid, as on this project's machines)
+        bases = []
+        for c in ("memory", "pids"):
+            root, point = mounts[c]
+            rel = os.path.relpath(own.get(c, "/"), root) if own.get(c, "/").startswith(root) else "."
+            bases.append(os.path.normpath(os.path.join(point, rel, CGROUP_DIR)))
+        if all(_make_base(b, 1) for b in bases):
+            return 1, tuple(bases)
+    if "" in mounts and os.path.exists(os.path.join(mounts[""][1], "cgroup.controllers")):
+        root, point = mounts[""]
+        mine = os.path.normpath(os.path.join(point, os.path.relpath(own.get("", "/"), root)))
+        for parent in (mine, os.path.dirname(mine), point):  # a parent that may enable memory and pids below it
+            base = os.path.join(parent, CGROUP_DIR)
+            if _make_base(base, 2):
+                return 2, (base,)
+    return None
+
+
+def _make_base(base: str, version: int) -> bool:
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError:
+        return False
+    if version == 2:
+        parent = os.path.dirname(base)
+        available = Path(parent, "cgroup.controllers").read_text().split() if os.path.exists(
+            os.path.join(parent, "cgroup.controllers")) else []
+        if not {"memory", "pids"} <= set(available):
+            return False
+        _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
+        if not _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids"):
+            return False
+    _sweep(base)
+    probe = os.path.join(base, f"probe-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError:
+        return False
+    return True
+
+
+def _sweep(base: str) -> None:
+    """Remove run cgroups left by workers that died (their names carry the worker's pid)."""
+    for d in glob.glob(os.path.join(base, "w*-*")):
+        m = re.fullmatch(r"w(\d+)-\d+", os.path.basename(d))
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
+_counter = iter(range(1, 1 << 62))
+
+
+def make_cgroup(spec: JailSpec) -> Cgroup | None:
+    found = cgroup_bases()
+    if found is None:
+        return None
+    version, bases = found
+    name = f"w{os.getpid()}-{next(_counter)}"
+    dirs = [os.path.join(b, name) for b in bases]
+    memory = str(spec.memory_mb << 20)
+    try:
+        for d in dirs:
+            os.mkdir(d)
+        if version == 2:
+            d = dirs[0]
+            ok = _write(os.path.join(d, "memory.max"), memory) and _write(os.path.join(d, "pids.max"), str(spec.processes))
+            if os.path.exists(os.path.join(d, "memory.swap.max")):
+                ok = ok and _write(os.path.join(d, "memory.swap.max"), "0")
+        else:
+            mem, pids = dirs
+            ok = _write(os.path.join(mem, "memory.limit_in_bytes"), memory) \
+                and _write(os.path.join(pids, "pids.max"), str(spec.processes))
+            if os.path.exists(os.path.join(mem, "memory.memsw.limit_in_bytes")):
+                ok = ok and _write(os.path.join(mem, "memory.memsw.limit_in_bytes"), memory)
+        if not ok:
+            raise OSError("cannot set the run cgroup's limits")
+    except OSError as e:
+        Cgroup(dirs, version).remove()
+        raise SandboxUnavailable(f"cannot make the run's cgroup under {bases}: {e}") from e
+    return Cgroup(dirs, version)
+
+
+# ---- the root filesystem ------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def interpreter() -> tuple[str, str]:
+    """(the real interpreter binary, its stdlib directory)."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    return exe, stdlib
+
+
+@functools.lru_cache(maxsize=1)
+def root_binds() -> tuple[str, ...]:
+    """bwrap arguments for a root with the interpreter, its libraries and its stdlib, read-only."""
+    exe, stdlib = interpreter()
+    objects = [exe, *glob.glob(os.path.join(stdlib, "lib-dynload", "*.so"))]
+    libs: set[str] = set()
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise SandboxUnavailable("`ldd` is not on PATH: cannot find the interpreter's shared libraries")
+    for chunk in range(0, len(objects), 64):
+        out = subprocess.run([ldd, *objects[chunk:chunk + 64]], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            m = re.search(r"(?:=>\s*)?(/\S+)\s+\(0x", line)
+            if m:
+                libs.add(m.group(1))
+    args: list[str] = []
+    links: dict[str, str] = {}
+    files: set[str] = set()
+    for path in sorted(libs | {exe}):
+        _walk(path, links, files)
+    for link, target in sorted(links.items()):
+        args += ["--symlink", target, link]
+    for f in sorted(files):
+        args += ["--ro-bind", f, f]
+    args += ["--ro-bind", stdlib, stdlib]
+    site = os.path.join(stdlib, "site-packages")
+    if os.path.isdir(site):
+        args += ["--tmpfs", site, "--remount-ro", site]
+    return tuple(args)
+
+
+def _walk(path: str, links: dict[str, str], files: set[str], depth: int = 0) -> None:
+    """Every symlink on the way to `path` (recreated in the jail) and the file it ends at (bound)."""
+    if depth > 16:
+        return
+    parts = Path(path).parts
+    cur = "/"
+    for i, part in enumerate(parts[1:], start=1):
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur):
+            target = os.readlink(cur)
+            links[cur] = target
+            resolved = os.path.normpath(os.path.join(os.path.dirname(cur), target))
+            _walk(os.path.join(resolved, *parts[i + 1:]), links, files, depth + 1)
+            return
+    if os.path.isfile(cur):
+        files.add(cur)
+
+
+# ---- spawning ------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.unshare.argtypes = [ctypes.c_int]
+    return libc
+
+
+def _preexec(procs_files: list[str], scratch: bytes | None, options: bytes, libc):
+    """In the child, before bwrap: join the run's cgroups, then mount its /tmp in a mount namespace of its own."""
+    def setup() -> None:
+        for f in procs_files:
+            fd = os.open(f, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        if scratch is not None:
+            if libc.unshare(CLONE_NEWNS) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+            if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+                raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+            if libc.mount(b"tmpfs", scratch, b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+                raise OSError(ctypes.get_errno(), "mount tmpfs")
+    return setup
+
+
+def bwrap_path() -> str:
+    path = shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
+    if path is None:
+        raise SandboxUnavailable("bubblewrap (`bwrap`) is not installed: `apt-get install bubblewrap`; "
+                                 "code is never run without isolation")
+    return path
+
+
+def spawn(spec: JailSpec) -> Jail:
+    """A jail whose runner waits for its job on stdin."""
+    bwrap = bwrap_path()
+    exe, _ = interpreter()
+    root = os.geteuid() == 0
+    cgroup = make_cgroup(spec)
+    fds = [os.memfd_create(name, 0) for name in ("stdout", "stderr", "results")]  # not inheritable
+    scratch = tempfile.mkdtemp(prefix="streamrft-jail-") if root else None
+    tmp = ["--bind", scratch, "/tmp"] if scratch else ["--size", str(spec.tmpfs_mb << 20), "--tmpfs", "/tmp"]
+    cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+           "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
+           "--clearenv", "--cap-drop", "ALL", *root_binds(), "--proc", "/proc", "--dev", "/dev",
+           "--remount-ro", "/dev", *tmp, "--remount-ro", "/", "--chdir", "/tmp", exe, "-I", "-S", "-c", RUNNER, str(fds[2])]
+    options = f"size={spec.tmpfs_mb << 20},nr_inodes={spec.inodes},mode=1777".encode()
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=fds[0], stderr=fds[1], pass_fds=(fds[2],), env={}, cwd="/",
+            start_new_session=True, preexec_fn=_preexec(cgroup.procs_files if cgroup else [],
+                                                        scratch.encode() if scratch else None, options, _libc()))
+    except (OSError, subprocess.SubprocessError) as e:
+        for fd in fds:
+            os.close(fd)
+        if cgroup is not None:
+            cgroup.remove()
+        if scratch is not None:
+            os.rmdir(scratch)
+        raise SandboxUnavailable(f"cannot start the sandbox: {e}") from e
+    return Jail(proc, fds[0], fds[1], fds[2], cgroup, scratch, time.monotonic())

@@ -1,0 +1,101 @@
+"""Warm jails: started ahead, each used for exactly one run and then destroyed.
+
+Starting bubblewrap and an interpreter costs about as much as the bare interpreter itself, so a
+pool keeps `warm` jails per `JailSpec` whose runners already wait for a job on stdin. A run takes
+one (or starts one if none is ready) and a long-lived refill thread starts its replacement in the
+background. Nothing is reused: a jail that ran a solution is killed with its cgroup and tmpfs, so
+no run can leave anything for the next. The refill thread lives as long as the process, so the
+jails' `--die-with-parent` (tied to the thread that forked them) fires only when the process dies.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections import deque
+
+from streamrft.stream_ops.sandbox.jail import Jail, JailSpec, SandboxUnavailable, spawn
+
+log = logging.getLogger(__name__)
+
+
+class Pool:
+    def __init__(self, spec: JailSpec, warm: int):
+        self.spec, self.warm = spec, warm
+        self._ready: deque[Jail] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.spawned = 0
+        """Jails started so far (warm or on demand)."""
+
+    def take(self) -> Jail:
+        """A live jail waiting for its job: a warm one if ready, else one started now."""
+        with self._cond:
+            if self.warm > 0 and self._thread is None:
+                self._thread = threading.Thread(target=self._refill, name="sandbox-pool", daemon=True)
+                self._thread.start()
+            jail = None
+            while self._ready:
+                jail = self._ready.popleft()
+                if jail.proc.poll() is None:
+                    break
+                jail.destroy()  # died while waiting (should not happen): never hand it out
+                jail = None
+            self._cond.notify_all()
+        if jail is None:
+            jail = spawn(self.spec)
+            self.spawned += 1
+        return jail
+
+    def _refill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self.warm:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                jail = spawn(self.spec)
+            except SandboxUnavailable as e:  # take() spawns on demand and raises it to the caller
+                log.warning("sandbox pool: cannot start a warm jail: %s", e)
+                time.sleep(1.0)
+                continue
+            with self._cond:
+                self.spawned += 1
+                if self._closed:
+                    jail.destroy()
+                    return
+                self._ready.append(jail)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            jails = list(self._ready)
+            self._ready.clear()
+            self._cond.notify_all()
+        for jail in jails:
+            jail.destroy()
+
+
+_pools: dict[tuple[JailSpec, int], Pool] = {}
+_lock = threading.Lock()
+
+
+def pool_for(spec: JailSpec, warm: int) -> Pool:
+    with _lock:
+        pool = _pools.get((spec, warm))
+        if pool is None:
+            pool = _pools[(spec, warm)] = Pool(spec, warm)
+        return pool
+
+
+@atexit.register
+def close_pools() -> None:
+    """Destroy every warm jail (at exit, and in tests that count what is left)."""
+    with _lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
