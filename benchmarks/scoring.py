@@ -2,6 +2,10 @@
 
     .venv/bin/python benchmarks/scoring.py [--groups-rule 3000] [--groups-judge 400] [--group-size 4]
                                            [--http-latency-ms 50] [--judge-model DIR]
+    .venv/bin/python benchmarks/scoring.py --modes sandbox [--solutions 200]
+
+`--modes sandbox` (no stack): the code_tests sandbox's cost per solution and per test against a
+bare `python -I -S -c` running the same solution and tests (`sandbox_section`).
 
 Starts a private embedded stack (free ports, a temp dir) and, in this process, an OpenAI-compatible
 judge server (FastAPI under uvicorn on 127.0.0.1) that answers "Score: N" after a fixed latency,
@@ -181,6 +185,92 @@ def worker_rate(kafka: KafkaConfig, ns: str, base: dict, groups: list[RolloutGro
     return len(groups) / max((max(stamps) - min(stamps)) / 1000, 1e-3)
 
 
+def sandbox_section(n: int) -> list[tuple[str, float, float]]:
+    """The code_tests sandbox against a bare interpreter, side by side: (what, ms per unit, CPU ms per unit).
+
+    The same honest solution (3 tests, or 10 for the per-test rows) is run n times each way:
+    - bare: `python -I -S -c "<solution + asserts>"` per solution, no isolation at all;
+    - cold: a jail started for each solution (warm=0): bubblewrap, a cgroup, a tmpfs, the runner;
+    - warm, paced: jails kept warm (warm=2), solutions arriving 150 ms apart (the pool refills in
+      between), the latency a scorer thread sees;
+    - warm, back to back: the same pool drained as fast as it goes: throughput, start-up included;
+    - 4 at once: four threads (as the scorer's thread pool calls it), bare vs warm=4: throughput;
+    - per test: isolate="test", 10 tests, a fresh warm jail for each, paced.
+    CPU is this process's own (the pool's refill thread included) plus its waited-for children's.
+    """
+    import resource
+    from dataclasses import replace as with_
+
+    from streamrft.stream_ops.sandbox import Limits, close_pools, run_tests
+
+    code = "def add(a, b):\n    return a + b"
+    tests3 = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
+    tests10 = [f"assert add({i}, {i}) == {2 * i}" for i in range(10)]
+    exe = sys.executable
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def timed(label: str, fn, units: int, pace_s: float = 0.0) -> tuple[str, float, float]:
+        wall = 0.0
+        c0 = cpu()
+        for _ in range(n):
+            if pace_s:
+                time.sleep(pace_s)
+            t0 = time.perf_counter()
+            fn()
+            wall += time.perf_counter() - t0
+        if pace_s:
+            time.sleep(pace_s)  # the refill after the last run is part of its cost
+        row = (label, 1000 * wall / (n * units), 1000 * (cpu() - c0) / (n * units))
+        print(f"  {row[0]:42s} {row[1]:7.1f} ms  cpu {row[2]:6.1f} ms", flush=True)
+        return row
+
+    def bare(tests):
+        subprocess.run([exe, "-I", "-S", "-c", code + "\n" + "\n".join(tests)], check=True, env={}, cwd="/")
+
+    def ours(limits, tests):
+        result = run_tests(code, tests, limits)
+        assert result.fraction == 1.0, result
+
+    base = Limits(wall_s=30)
+    ours(base, tests3)  # the jail's root (ldd over the stdlib's extensions) is built once per process
+    close_pools()
+    print(f"code_tests sandbox vs bare `python -I -S -c`, {n} solutions each:")
+    rows = [timed("bare python, per solution (3 tests)", lambda: bare(tests3), 1),
+            timed("sandbox cold, per solution", lambda: ours(with_(base, warm=0), tests3), 1)]
+    ours(base, tests3)
+    time.sleep(0.5)
+    rows.append(timed("sandbox warm, paced, per solution", lambda: ours(base, tests3), 1, pace_s=0.15))
+    rows.append(timed("sandbox warm, back to back, per solution", lambda: ours(base, tests3), 1))
+    bare_rows = [rows[0]]
+
+    def four_at_once(fn):
+        threads = [threading.Thread(target=fn) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    bare_rows.append(timed("bare python, 4 at once, per solution", lambda: four_at_once(lambda: bare(tests3)), 4))
+    rows.append(bare_rows[1])
+    rows.append(timed("sandbox warm=4, 4 at once, per solution",
+                      lambda: four_at_once(lambda: ours(with_(base, warm=4), tests3)), 4))
+    rows.append(timed("bare python, per test (1 process each)", lambda: [bare([t]) for t in tests10], 10))
+    per_test = with_(base, isolate="test", warm=2)
+    ours(per_test, tests10)
+    time.sleep(0.5)
+    rows.append(timed("sandbox warm, isolate=test, per test", lambda: ours(per_test, tests10), 10, pace_s=0.15))
+    close_pools()
+    refs = {"per test": rows[6], "4 at once": rows[4], "": rows[0]}
+    print("\nratio to bare python (wall per unit; target <= 1.5 with per-solution isolation):")
+    for label, ms, cpu_ms in rows:
+        ref = next(r for key, r in refs.items() if key in label)
+        print(f"  {label:42s} {ms / ref[1]:5.2f}x wall   {cpu_ms / ref[2]:5.2f}x cpu")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups-rule", type=int, default=3000)
@@ -188,9 +278,16 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--http-latency-ms", type=float, default=50.0)
     ap.add_argument("--judge-model", default=None, help="a local causal LM directory (default: a tiny random one)")
-    ap.add_argument("--modes", default="rule,judge_local,judge_http")
+    ap.add_argument("--modes", default="rule,judge_local,judge_http", help="any of rule, judge_local, judge_http, sandbox")
+    ap.add_argument("--solutions", type=int, default=200, help="sandbox mode: solutions per row")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its stack
+    modes = args.modes.split(",")
+    if "sandbox" in modes:
+        sandbox_section(args.solutions)
+        modes.remove("sandbox")
+        if not modes:
+            return 0
 
     url, server = start_judge_server(args.http_latency_ms / 1000)
     rows = []
@@ -200,7 +297,7 @@ def main() -> int:
         stack = EmbeddedStack(workdir / "stack", **free_ports())
         try:
             kafka = KafkaConfig(bootstrap=stack.up().kafka, partitions=PARTITIONS)
-            for mode in args.modes.split(","):
+            for mode in modes:
                 n = args.groups_rule if mode == "rule" else args.groups_judge
                 groups = make_groups(n, args.group_size)
                 base = {"model": {"path": "unused"}, "stack": {"embedded": False},

@@ -154,3 +154,13 @@ def test_no_bubblewrap_means_no_run(monkeypatch, tmp_path):
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         run_tests("open('ran', 'w')\ndef f(): return 1", ["assert f() == 1"], replace(COLD, memory_mb=300))
     assert not (tmp_path / "ran").exists()
+
+
+def test_only_a_missing_handshake_means_the_sandbox_is_unavailable(monkeypatch):
+    """A jail that never starts its runner (here a broken bwrap) raises, so the group is retried or
+    dead-lettered; a solution exiting however it likes after the handshake is scored (hostile tests)."""
+    monkeypatch.setattr("streamrft.stream_ops.sandbox.jail.bwrap_path", lambda: "/bin/false")
+    before = leftovers()
+    with pytest.raises(SandboxUnavailable, match="no handshake"):
+        run_tests(HONEST, TESTS, COLD)
+    assert leftovers() == before

@@ -17,14 +17,14 @@
 """
 from __future__ import annotations
 
-import json
+import marshal
 import secrets
 import subprocess
 from dataclasses import dataclass, fields
 
 from streamrft.stream_ops.sandbox.cases import Case, TestFormatError, judge, parse_case, parse_cases
 from streamrft.stream_ops.sandbox.jail import JailSpec, SandboxUnavailable
-from streamrft.stream_ops.sandbox.pool import close_pools, pool_for
+from streamrft.stream_ops.sandbox.pool import close_pools, pool_for, retire
 from streamrft.stream_ops.sandbox.runner import ValueFormatError, decode_value, read_lines
 
 __all__ = ["Case", "Limits", "SandboxResult", "SandboxUnavailable", "TestFormatError", "close_pools",
@@ -106,12 +106,13 @@ def _run_jail(code: str, cases: list[Case], first: int, limits: Limits) -> dict[
     """Run the solution against `cases` (numbered from `first`) in one fresh jail."""
     mb = 1 << 20
     nonce = secrets.token_hex(16)
-    job = json.dumps({
+    job = marshal.dumps({
         "code": code, "cases": [c.wire() for c in cases], "first": first, "nonce": nonce,
         "output_cap": limits.file_mb * mb, "rlimits": {
             "RLIMIT_CPU": limits.cpu_s, "RLIMIT_AS": limits.memory_mb * mb, "RLIMIT_FSIZE": limits.file_mb * mb,
-            "RLIMIT_NPROC": limits.processes, "RLIMIT_NOFILE": limits.open_files, "RLIMIT_CORE": 0}}).encode()
-    jail = pool_for(limits.spec, limits.warm).take()
+            "RLIMIT_NPROC": limits.processes, "RLIMIT_NOFILE": limits.open_files, "RLIMIT_CORE": 0}})
+    pool = pool_for(limits.spec, limits.warm)
+    jail = pool.take()
     timed_out = False
     try:
         try:
@@ -124,7 +125,8 @@ def _run_jail(code: str, cases: list[Case], first: int, limits: Limits) -> dict[
         results = jail.read(jail.res_fd, limits.file_mb * mb + (1 << 16))
         stderr = jail.read(jail.err_fd, 4096).decode("utf-8", "replace")
     finally:
-        jail.destroy()
+        retire(jail)
+        pool.replenish()
     ready, lines = read_lines(results, nonce, len(cases), first)
     if not ready:
         raise SandboxUnavailable(f"the sandbox was not set up (no handshake; exit {returncode}"

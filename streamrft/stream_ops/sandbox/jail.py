@@ -19,6 +19,7 @@ for its job on stdin (so a pool can keep jails warm). What each one gets:
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import errno
@@ -75,17 +76,28 @@ class Jail:
 
     def destroy(self) -> None:
         """Kill every process of the jail and free what it held; nothing of the run is left."""
+        self.kill()
+        self.release()
+
+    def kill(self) -> None:
+        """SIGKILL bwrap (its child, the namespace's init, dies with it, and with the init the kernel
+        kills the rest of the PID namespace) and, for good measure, everything in the run's cgroup."""
         if self.proc.poll() is None:
             try:
-                self.proc.kill()  # bwrap: its child, the namespace's init, dies with it, and the kernel kills the rest
+                self.proc.kill()
             except ProcessLookupError:
                 pass
         if self.cgroup is not None:
-            self.cgroup.kill()
+            self.cgroup.kill(passes=1)
+
+    def release(self) -> None:
+        """Wait until no process of the jail is left, then free its cgroup, memfds and mount point."""
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("sandbox: bwrap pid %d did not exit in 10 s after SIGKILL", self.proc.pid)
+        if self.cgroup is not None:
+            self.cgroup.kill()
         for fd in (self.out_fd, self.err_fd, self.res_fd):
             try:
                 os.close(fd)
@@ -126,10 +138,11 @@ class Cgroup:
                 pass
         return sorted(out)
 
-    def kill(self) -> None:
-        if self.version == 2 and _write(os.path.join(self.dirs[0], "cgroup.kill"), "1"):
+    def kill(self, passes: int = 100) -> None:
+        """SIGKILL every process in the cgroup, pass after pass until it is empty (at most `passes`)."""
+        if self.version == 2 and _write(os.path.join(self.dirs[0], "cgroup.kill"), "1") and passes == 1:
             return
-        for _ in range(100):  # v1: no cgroup.kill; a process forked meanwhile shows on the next pass
+        for _ in range(passes):  # v1: no cgroup.kill; a process forked meanwhile shows on the next pass
             pids = self.pids()
             if not pids:
                 return
@@ -295,7 +308,13 @@ def interpreter() -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def root_binds() -> tuple[str, ...]:
-    """bwrap arguments for a root with the interpreter, its libraries and its stdlib, read-only."""
+    """bwrap arguments for a read-only root holding the interpreter, the shared libraries it and its
+    stdlib's extension modules load (found with `ldd`), and its stdlib with `site-packages` hidden.
+
+    The interpreter and libraries are gathered once per process into a private directory tree of
+    hard links (copies where links are refused), with every symlink on their way recreated, and
+    bound as the jail's `/` in one mount: a bind per library costs more to set up and tear down
+    than the interpreter takes to start."""
     exe, stdlib = interpreter()
     objects = [exe, *glob.glob(os.path.join(stdlib, "lib-dynload", "*.so"))]
     libs: set[str] = set()
@@ -308,20 +327,47 @@ def root_binds() -> tuple[str, ...]:
             m = re.search(r"(?:=>\s*)?(/\S+)\s+\(0x", line)
             if m:
                 libs.add(m.group(1))
-    args: list[str] = []
     links: dict[str, str] = {}
     files: set[str] = set()
     for path in sorted(libs | {exe}):
         _walk(path, links, files)
-    for link, target in sorted(links.items()):
-        args += ["--symlink", target, link]
+    _sweep_roots()
+    tree = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
+    atexit.register(shutil.rmtree, tree, True)
     for f in sorted(files):
-        args += ["--ro-bind", f, f]
-    args += ["--ro-bind", stdlib, stdlib]
+        dest = tree + f
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        try:
+            os.link(f, dest)
+        except OSError:  # another filesystem, or protected_hardlinks for a user who does not own it
+            shutil.copy2(f, dest)
+    for link, target in sorted(links.items()):
+        dest = tree + link
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        if not os.path.lexists(dest):
+            os.symlink(target, dest)
+    for d in ("proc", "dev", "tmp", stdlib.lstrip("/")):  # mount points of the jail's own mounts
+        os.makedirs(os.path.join(tree, d), exist_ok=True)
+    for dirpath, dirnames, _ in os.walk(tree):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+    os.chmod(tree, 0o755)
+    args = ["--ro-bind", tree, "/", "--ro-bind", stdlib, stdlib]
     site = os.path.join(stdlib, "site-packages")
     if os.path.isdir(site):
         args += ["--tmpfs", site, "--remount-ro", site]
     return tuple(args)
+
+
+ROOT_PREFIX = "streamrft-sandbox-root-"
+
+
+def _sweep_roots() -> None:
+    """Remove jail root trees of processes that died without their atexit."""
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), ROOT_PREFIX + "*")):
+        m = re.match(re.escape(ROOT_PREFIX) + r"(\d+)-", os.path.basename(d))
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _walk(path: str, links: dict[str, str], files: set[str], depth: int = 0) -> None:
@@ -391,7 +437,7 @@ def spawn(spec: JailSpec) -> Jail:
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
            "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
            "--clearenv", "--cap-drop", "ALL", *root_binds(), "--proc", "/proc", "--dev", "/dev",
-           "--remount-ro", "/dev", *tmp, "--remount-ro", "/", "--chdir", "/tmp", exe, "-I", "-S", "-c", RUNNER, str(fds[2])]
+           "--remount-ro", "/dev", *tmp, "--chdir", "/tmp", exe, "-I", "-S", "-c", RUNNER, str(fds[2])]
     options = f"size={spec.tmpfs_mb << 20},nr_inodes={spec.inodes},mode=1777".encode()
     try:
         proc = subprocess.Popen(

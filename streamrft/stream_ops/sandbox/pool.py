@@ -2,8 +2,8 @@
 
 Starting bubblewrap and an interpreter costs about as much as the bare interpreter itself, so a
 pool keeps `warm` jails per `JailSpec` whose runners already wait for a job on stdin. A run takes
-one (or starts one if none is ready) and a long-lived refill thread starts its replacement in the
-background. Nothing is reused: a jail that ran a solution is killed with its cgroup and tmpfs, so
+one (or starts one if none is ready) and, once the run is over, a long-lived refill thread starts
+its replacement in the background. Nothing is reused: a jail that ran a solution is killed with its cgroup and tmpfs, so
 no run can leave anything for the next. The refill thread lives as long as the process, so the
 jails' `--die-with-parent` (tied to the thread that forked them) fires only when the process dies.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -43,11 +44,16 @@ class Pool:
                     break
                 jail.destroy()  # died while waiting (should not happen): never hand it out
                 jail = None
-            self._cond.notify_all()
         if jail is None:
             jail = spawn(self.spec)
             self.spawned += 1
         return jail
+
+    def replenish(self) -> None:
+        """Start the replacements of the jails taken: called once a run is over, so that starting
+        them does not compete with the run for the CPU and the kernel's namespace locks."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _refill(self) -> None:
         while True:
@@ -70,6 +76,7 @@ class Pool:
                 self._ready.append(jail)
 
     def close(self) -> None:
+        """Destroy the warm jails, and wait for a jail being started meanwhile to be destroyed too."""
         with self._cond:
             self._closed = True
             jails = list(self._ready)
@@ -77,10 +84,37 @@ class Pool:
             self._cond.notify_all()
         for jail in jails:
             jail.destroy()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
 
 
 _pools: dict[tuple[JailSpec, int], Pool] = {}
 _lock = threading.Lock()
+_retired: "queue.Queue[Jail]" = queue.Queue()
+_reaper: threading.Thread | None = None
+
+
+def retire(jail: Jail) -> None:
+    """A jail whose run is over: killed now; waited for and freed (cgroup, memfds, mount point) by a
+    background thread, off the caller's path. `close_pools` waits for that to finish."""
+    global _reaper
+    jail.kill()
+    with _lock:
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="sandbox-reaper", daemon=True)
+            _reaper.start()
+    _retired.put(jail)
+
+
+def _reap() -> None:
+    while True:
+        jail = _retired.get()
+        try:
+            jail.release()
+        except Exception:  # noqa: BLE001 - the reaper must go on; the next sweep removes what is left
+            log.exception("sandbox: releasing a jail failed")
+        finally:
+            _retired.task_done()
 
 
 def pool_for(spec: JailSpec, warm: int) -> Pool:
@@ -93,9 +127,11 @@ def pool_for(spec: JailSpec, warm: int) -> Pool:
 
 @atexit.register
 def close_pools() -> None:
-    """Destroy every warm jail (at exit, and in tests that count what is left)."""
+    """Destroy every warm jail and wait for retired ones to be freed (at exit, and in tests that
+    count what is left)."""
     with _lock:
         pools = list(_pools.values())
         _pools.clear()
     for pool in pools:
         pool.close()
+    _retired.join()

@@ -1,27 +1,30 @@
 """The minimal runner the sandbox starts, and the parent's strict reading of what it writes.
 
-The runner (`RUNNER`, run as `python -I -S -c RUNNER` inside the jail) waits for its job on stdin:
-the solution's code, the cases' inputs (never their expected values), rlimits and a nonce. Once it
-has the job and has set the limits, it writes the handshake `{"ready": nonce}` as the first line
+The runner (`RUNNER`, run as `python -I -S -c RUNNER` inside the jail) waits for its job on stdin
+(marshal, from the parent): the solution's code, the cases' inputs (never their expected values),
+rlimits and a nonce. It imports nothing that is not already loaded or builtin (importing `json`
+alone costs more than the interpreter's start). Once it has the job and has set the limits, it
+writes the handshake `{'ready': nonce}` as the first line
 of its results descriptor (a memfd of the parent's, its number in argv); everything after that line is the solution's doing. For each case it writes one
-line `{"i": k, "v": <tagged value>}` or `{"i": k, "error": "..."}`: a call's return value, or a
-program's stdout. Nothing the runner writes is trusted beyond "this is the solution's answer":
-the parent decodes strictly (`decode_value`) and compares with the expected value it kept.
+line, a Python literal (`repr`), `{'i': k, 'v': <tagged value>}` or `{'i': k, 'error': '...'}`: a
+call's return value, or a program's stdout. Nothing the runner writes is trusted beyond "this is
+the solution's answer": the parent reads each line with `ast.literal_eval` (literals only, nothing
+is called), decodes strictly (`decode_value`) and compares with the expected value it kept.
 """
 from __future__ import annotations
 
-import json
+import ast
 from typing import Any
 
 RUNNER = r"""
-import io, json, os, resource, signal, sys
+import io, marshal, os, resource, signal, sys
 RESULTS = int(sys.argv[1])
-job = json.loads(sys.stdin.buffer.read())
+job = marshal.loads(sys.stdin.buffer.read())
 for name, soft in job["rlimits"].items():  # CPU: SIGXCPU at the soft limit, SIGKILL a second later
     resource.setrlimit(getattr(resource, name), (soft, soft + 1 if name == "RLIMIT_CPU" else soft))
 null = os.open("/dev/null", os.O_RDONLY); os.dup2(null, 0); os.close(null)
 def emit(obj):
-    data = (json.dumps(obj) + "\n").encode()
+    data = (repr(obj) + "\n").encode("utf-8", "backslashreplace")
     while data:
         data = data[os.write(RESULTS, data):]
 emit({"ready": job["nonce"]})
@@ -143,21 +146,23 @@ def decode_value(tagged: Any) -> Any:
         raise ValueFormatError(f"{type(e).__name__}: {e}") from None
 
 
+def _literal(raw: bytes):
+    try:
+        return ast.literal_eval(raw.decode("utf-8", "replace"))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
 def read_lines(data: bytes, nonce: str, total: int, first: int = 0) -> tuple[bool, dict[int, dict]]:
     """(handshake seen, the first line the sandbox wrote for each case index) from the results descriptor's bytes."""
     lines = data.split(b"\n")
-    try:
-        ready = json.loads(lines[0]) == {"ready": nonce}
-    except ValueError:
-        ready = False
-    if not ready:
+    if _literal(lines[0]) != {"ready": nonce}:
         return False, {}
     out: dict[int, dict] = {}
     for raw in lines[1:]:
-        try:
-            line = json.loads(raw)
-        except (ValueError, RecursionError):
+        if not raw.strip():
             continue
+        line = _literal(raw)
         if not isinstance(line, dict) or type(line.get("i")) is not int:
             continue
         i = line["i"]
