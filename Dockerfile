@@ -8,6 +8,10 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# bubblewrap: the code_tests reward's sandbox. In a container it also needs a seccomp profile that
+# allows user namespaces and mounts (docs/rewards.md); without one the reward raises, never runs code bare.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+
 # torch first and from its own index: as a plain dependency pip would pull the CUDA wheels (GBs)
 RUN pip install "torch==2.13.0" --index-url "${TORCH_INDEX}"
 

@@ -138,3 +138,40 @@ def test_tasks_whose_tests_cannot_be_split_are_refused_at_load_time():
         check_tasks(terms, [good, bad])
     with pytest.raises(ValueError, match=r"unknown params \['wal_s'\]"):
         check_tasks([RewardTerm(name="code_tests", params={"wal_s": 5})], [good])
+
+
+def run_bpf(prog: bytes, arch: int, nr: int) -> int:
+    """A classic-BPF interpreter for the few instructions the filter uses, over seccomp_data."""
+    import struct
+
+    data = struct.pack("<iI", nr, arch) + bytes(56)
+    insns = [struct.unpack("<HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:
+            acc = struct.unpack("<I", data[k:k + 4])[0]
+            pc += 1
+        elif code in (0x15, 0x35):
+            hit = acc == k if code == 0x15 else acc >= k
+            pc += 1 + (jt if hit else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x}")
+
+
+def test_the_seccomp_filter_denies_its_list_and_allows_the_rest():
+    from streamrft.stream_ops.sandbox import seccomp
+
+    if seccomp.platform.machine() != "x86_64":
+        pytest.skip("the filter is defined for x86_64 only")
+    prog = seccomp.program()
+    eperm, allow, kill = 0x00050000 | 1, 0x7FFF0000, 0x80000000
+    x86 = seccomp.AUDIT_ARCH_X86_64
+    for name, nr in seccomp.DENIED_X86_64.items():
+        assert run_bpf(prog, x86, nr) == eperm, name
+    for nr in (0, 1, 2, 3, 9, 39, 56, 57, 59, 60, 231, 435):  # read, write, open, close, mmap, getpid, clone, fork, execve, exit, exit_group, clone3
+        assert run_bpf(prog, x86, nr) == allow, nr
+    assert run_bpf(prog, x86, 0x40000000 + 1) == eperm  # the x32 ABI
+    assert run_bpf(prog, 0x40000003, 1) == kill  # i386

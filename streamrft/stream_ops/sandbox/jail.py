@@ -5,7 +5,7 @@ for its job on stdin (so a pool can keep jails warm). What each one gets:
 
 - new user, pid, net, ipc, uts, cgroup and mount namespaces (`--unshare-all`), no further user
   namespaces (`--disable-userns`), uid/gid 65534 inside, no capabilities, a new session, a cleared
-  environment, killed with its parent (`--die-with-parent`);
+  environment, killed with its parent (`--die-with-parent`), a seccomp filter (`seccomp.py`);
 - a root holding only the interpreter, the shared libraries it and its stdlib's extension modules
   load (found with `ldd`), and the stdlib with `site-packages` hidden, all read-only; a new `/proc`
   (its own processes only); a minimal `/dev`, read-only;
@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamrft.stream_ops.sandbox import seccomp
 from streamrft.stream_ops.sandbox.runner import RUNNER
 
 log = logging.getLogger(__name__)
@@ -424,6 +425,24 @@ def _preexec(procs_files: list[str], scratch: bytes | None, options: bytes, libc
     return setup
 
 
+def _seccomp_fd() -> int | None:
+    """A memfd holding the jail's seccomp filter, for bwrap to read (one per jail: bwrap reads it to its end)."""
+    filt = seccomp.program()
+    if filt is None:
+        _warn_no_seccomp()
+        return None
+    fd = os.memfd_create("seccomp", 0)
+    os.write(fd, filt)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_no_seccomp() -> None:
+    log.warning("sandbox: no seccomp filter for %s: jails run with the kernel's whole system-call surface",
+                os.uname().machine)
+
+
 def bwrap_path() -> str:
     path = shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
     if path is None:
@@ -439,16 +458,19 @@ def spawn(spec: JailSpec) -> Jail:
     root = os.geteuid() == 0
     cgroup = make_cgroup(spec)
     fds = [os.memfd_create(name, 0) for name in ("stdout", "stderr", "results")]  # not inheritable
+    filter_fd = _seccomp_fd()
+    seccomp = ["--seccomp", str(filter_fd)] if filter_fd is not None else []
     scratch = tempfile.mkdtemp(prefix="streamrft-jail-") if root else None
     tmp = ["--bind", scratch, "/tmp"] if scratch else ["--size", str(spec.tmpfs_mb << 20), "--tmpfs", "/tmp"]
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
            "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
-           "--clearenv", "--cap-drop", "ALL", *root_binds(), "--proc", "/proc", "--dev", "/dev",
+           "--clearenv", "--cap-drop", "ALL", *seccomp, *root_binds(), "--proc", "/proc", "--dev", "/dev",
            "--remount-ro", "/dev", *tmp, "--chdir", "/tmp", exe, "-I", "-S", "-c", RUNNER, str(fds[2])]
     options = f"size={spec.tmpfs_mb << 20},nr_inodes={spec.inodes},mode=1777".encode()
     try:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=fds[0], stderr=fds[1], pass_fds=(fds[2],), env={}, cwd="/",
+            cmd, stdin=subprocess.PIPE, stdout=fds[0], stderr=fds[1], env={}, cwd="/",
+            pass_fds=(fds[2],) if filter_fd is None else (fds[2], filter_fd),
             start_new_session=True, preexec_fn=_preexec(cgroup.procs_files if cgroup else [],
                                                         scratch.encode() if scratch else None, options, _libc()))
     except (OSError, subprocess.SubprocessError) as e:
@@ -459,4 +481,7 @@ def spawn(spec: JailSpec) -> Jail:
         if scratch is not None:
             os.rmdir(scratch)
         raise SandboxUnavailable(f"cannot start the sandbox: {e}") from e
+    finally:
+        if filter_fd is not None:
+            os.close(filter_fd)
     return Jail(proc, fds[0], fds[1], fds[2], cgroup, scratch, time.monotonic())
