@@ -367,3 +367,39 @@ def test_scratch_space_caps_bytes_and_inodes():
 def test_a_sleeping_or_spinning_solution_is_stopped_at_the_wall_limit():
     contained(attack("import time\ntime.sleep(600)"), limits=replace(COLD, wall_s=2))
     contained(attack("import os\nif os.fork() == 0:\n    while True:\n        pass"), limits=replace(COLD, wall_s=3, cpu_s=1))
+
+
+SPIN = """
+import os, time
+def spin(children, seconds):
+    r, w = os.pipe()
+    for _ in range(children):
+        if os.fork() == 0:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                pass
+            t = os.times()
+            os.write(w, ('%.3f\\n' % (t.user + t.system)).encode())
+            os._exit(0)
+    os.close(w)
+    data = b''
+    while True:
+        chunk = os.read(r, 1024)
+        if not chunk:
+            break
+        data += chunk
+    return round(sum(float(x) for x in data.split()), 1)
+"""
+
+
+def test_a_run_gets_its_cpu_quota_not_the_machine():
+    """Four spinning children for 3 s against `cpus: 0.5`: together they get about 1.5 CPU seconds,
+    not the 6 (or the cores' worth) they would take unbounded."""
+    from streamrft.stream_ops.sandbox.jail import cgroup_bases
+
+    found = cgroup_bases()
+    if found is None or (found[0] == 1 and len(found[1]) < 3):
+        pytest.skip("no cpu cgroup controller here")
+    result = contained(SPIN, ["assert spin(4, 3) == 'x'"], replace(COLD, cpus=0.5, cpu_s=10, wall_s=20))
+    used = float(gave(result.reason, 0))
+    assert 0.5 < used < 2.2, result  # 3 s x 0.5 cores = 1.5 s, with the scheduler's slack

@@ -32,7 +32,7 @@ __all__ = ["Case", "Limits", "SandboxResult", "SandboxUnavailable", "TestFormatE
 
 _RANGES = {"cpu_s": (1, 600), "memory_mb": (32, 65536), "file_mb": (1, 1024), "processes": (2, 4096),
            "open_files": (16, 65536), "wall_s": (0.5, 3600), "tmpfs_mb": (1, 4096), "inodes": (64, 1 << 20),
-           "warm": (0, 64)}
+           "warm": (0, 64), "cpus": (0.05, 256)}
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,12 @@ class Limits:
     """Size of the run's /tmp (its working directory)."""
     inodes: int = 4096
     """Files and directories the run's /tmp may hold (tmpfs nr_inodes)."""
+    cpus: float = 1.0
+    """Cores the whole run may use at once (its cgroup's CPU quota, where the cpu controller is there)."""
     isolate: str = "solution"
     """"solution": one jail runs the solution and all its tests; "test": a fresh jail per test."""
-    warm: int = 2
-    """Jails kept started ahead (per distinct memory/processes/tmpfs/inodes), hiding start-up."""
+    warm: int = 4
+    """Jails kept started ahead (per distinct memory/processes/tmpfs/inodes/cpus), hiding start-up."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -70,7 +72,7 @@ class Limits:
 
     @property
     def spec(self) -> JailSpec:
-        return JailSpec(self.memory_mb, self.processes, self.tmpfs_mb, self.inodes)
+        return JailSpec(self.memory_mb, self.processes, self.tmpfs_mb, self.inodes, self.cpus)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ for its job on stdin (so a pool can keep jails warm). What each one gets:
 - `/tmp` (the cwd): a tmpfs with both `size` and `nr_inodes`, mounted by the parent in a private
   mount namespace of the jail's own (so it vanishes with the jail), or, where the parent cannot
   mount (not root), bwrap's own size-capped tmpfs;
-- a cgroup of its own (v2, else the v1 `memory` and `pids` hierarchies) holding every process of
-  the run: `memory` (swap included) and `pids` bound the run as a whole. Where no cgroup can be
+- a cgroup of its own (v2, else the v1 `memory`, `pids` and, where mounted, `cpu` hierarchies)
+  holding every process of the run: `memory` (swap included) and `pids` bound the run as a whole,
+  and a CPU quota (`cpus`) keeps one run from taking the machine's cores from the others. Where no cgroup can be
   made, the fallback is RLIMIT_NPROC counted in the jail's own user namespace (so per run) times
   RLIMIT_AS per process: the total is still bounded, by `processes x memory_mb`.
 """
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534
 CGROUP_DIR = "streamrft-sandbox"
+CPU_PERIOD_US = 100_000
 CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
 
@@ -59,6 +61,7 @@ class JailSpec:
     processes: int
     tmpfs_mb: int
     inodes: int
+    cpus: float = 1.0
 
 
 @dataclass
@@ -209,11 +212,11 @@ def cgroup_bases() -> tuple[int, tuple[str, ...]] | None:
             mounts.setdefault("", (root, point))
         elif fstype[0] == "cgroup":
             for opt in fstype[2].split(","):
-                if opt in ("memory", "pids"):
+                if opt in ("memory", "pids", "cpu"):
                     mounts[opt] = (root, point)
     if "memory" in mounts and "pids" in mounts:  # v1 (or hybrid, as on this project's machines)
         bases = []
-        for c in ("memory", "pids"):
+        for c in ("memory", "pids", "cpu") if "cpu" in mounts else ("memory", "pids"):
             root, point = mounts[c]
             rel = os.path.relpath(own.get(c, "/"), root) if own.get(c, "/").startswith(root) else "."
             bases.append(os.path.normpath(os.path.join(point, rel, CGROUP_DIR)))
@@ -243,6 +246,9 @@ def _make_base(base: str, version: int) -> bool:
         _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
         if not _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids"):
             return False
+        if "cpu" in available:  # optional: a run's CPU share (Limits.cpus)
+            _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
+            _write(os.path.join(base, "cgroup.subtree_control"), "+cpu")
     _sweep(base)
     probe = os.path.join(base, f"probe-{os.getpid()}")
     try:
@@ -282,6 +288,7 @@ def make_cgroup(spec: JailSpec) -> Cgroup | None:
     name = f"w{os.getpid()}-{next(_counter)}"
     dirs = [os.path.join(b, name) for b in bases]
     memory = str(spec.memory_mb << 20)
+    quota = max(1000, int(spec.cpus * CPU_PERIOD_US))
     try:
         for d in dirs:
             os.mkdir(d)
@@ -290,12 +297,17 @@ def make_cgroup(spec: JailSpec) -> Cgroup | None:
             ok = _write(os.path.join(d, "memory.max"), memory) and _write(os.path.join(d, "pids.max"), str(spec.processes))
             if os.path.exists(os.path.join(d, "memory.swap.max")):
                 ok = ok and _write(os.path.join(d, "memory.swap.max"), "0")
+            if os.path.exists(os.path.join(d, "cpu.max")):
+                ok = ok and _write(os.path.join(d, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
         else:
-            mem, pids = dirs
+            mem, pids = dirs[:2]
             ok = _write(os.path.join(mem, "memory.limit_in_bytes"), memory) \
                 and _write(os.path.join(pids, "pids.max"), str(spec.processes))
             if os.path.exists(os.path.join(mem, "memory.memsw.limit_in_bytes")):
                 ok = ok and _write(os.path.join(mem, "memory.memsw.limit_in_bytes"), memory)
+            if len(dirs) == 3:
+                ok = ok and _write(os.path.join(dirs[2], "cpu.cfs_period_us"), str(CPU_PERIOD_US)) \
+                    and _write(os.path.join(dirs[2], "cpu.cfs_quota_us"), str(quota))
         if not ok:
             raise OSError("cannot set the run cgroup's limits")
     except OSError as e:
