@@ -113,7 +113,7 @@ def test_only_the_first_line_proves_the_setup_and_the_first_answer_counts():
     nonce = "ab" * 16
     lines = [{"ready": nonce}, {"i": 0, "v": ["i", "3"]}, {"i": 0, "v": ["i", "4"]}, {"i": 7, "v": ["n"]},
              {"i": "1", "v": ["n"]}, {"ready": nonce}, {"i": 1, "error": "boom"}]
-    data = b"\n".join(repr(x).encode() for x in lines) + b"\nnot a literal\n__import__(\"os\")\n"
+    data = b"\n".join(json.dumps(x).encode() for x in lines) + b"\nnot json\n"
     ready, got = read_lines(data, nonce, total=2)
     assert ready and got == {0: {"i": 0, "v": ["i", "3"]}, 1: {"i": 1, "error": "boom"}}
     assert read_lines(data[data.index(b"\n") + 1:], nonce, 2) == (False, {})  # no handshake first: not set up

@@ -61,8 +61,9 @@ def attack(code: str) -> str:
      "builtins.exec = lambda *a, **k: None\nbuiltins.eval = lambda *a, **k: True\n"
      "builtins.compile = lambda *a, **k: _c('True', 'x', 'eval')"),
     ("patch json.dumps", "import json\njson.dumps = lambda *a, **k: '{\"i\": 0, \"ok\": true}'"),
-    ("patch repr, which writes the results", "import builtins\n_r = builtins.repr\n"
-     "builtins.repr = lambda o: _r({'i': o.get('i'), 'v': ['b', True]}) if isinstance(o, dict) and 'i' in o else _r(o)"),
+    ("patch the runner's writer to claim every test", "import __main__\n_js = __main__.js\n"
+     "__main__.js = lambda o: _js({'i': o['i'], 'v': ['b', True]}) if isinstance(o, dict) and 'i' in o else _js(o)"),
+    ("patch repr", "import builtins\nbuiltins.repr = lambda o: '3'"),
     ("patch marshal to read another job", "import marshal\nmarshal.loads = lambda *a: {'code': '', 'cases': []}"),
     ("patch json.dumps to claim every test", "import json\n_d = json.dumps\n"
      "json.dumps = lambda o, *a, **k: _d({'i': o.get('i'), 'v': ['b', True]}) if isinstance(o, dict) and 'i' in o else _d(o)"),

@@ -69,8 +69,8 @@ def parse_case(test: str | dict, index: int = 0) -> Case:
     source = test.strip()
     try:
         tree = ast.parse(source, mode="exec")
-    except SyntaxError as e:
-        raise TestFormatError(f"test {index} {source[:80]!r}: not valid Python ({e.msg})") from None
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte, a lone surrogate
+        raise TestFormatError(f"test {index} {source[:80]!r}: not valid Python ({getattr(e, 'msg', e)})") from None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
         raise TestFormatError(f"test {index} {source[:80]!r}: a test is one `assert` statement "
                               f"(or {{\"call\": ..., \"expected\": ...}} / {{\"stdin\": ..., \"stdout\": ...}})")
@@ -191,7 +191,7 @@ def _dict_case(test: dict, index: int) -> Case:
         call = test["call"]
         try:
             node = ast.parse(call, mode="eval").body if isinstance(call, str) else None
-        except SyntaxError:
+        except (SyntaxError, ValueError):
             node = None
         if node is None or not _is_call(node):
             raise _refuse(source, index, "\"call\" must be a call with literal arguments, e.g. \"f(1, [2])\"")

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,16 +174,6 @@ class Cgroup:
             else:
                 log.warning("sandbox: cgroup %s still busy after its run", d)
 
-    def peak_memory(self) -> int | None:
-        """The run's peak memory in bytes (for tests and benchmarks)."""
-        for name in ("memory.peak", "memory.max_usage_in_bytes"):
-            for d in self.dirs:
-                try:
-                    return int(Path(d, name).read_text())
-                except (OSError, ValueError):
-                    continue
-        return None
-
 
 def _write(path: str, text: str) -> bool:
     try:
@@ -193,9 +184,19 @@ def _write(path: str, text: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=1)
+_setup_lock = threading.Lock()
+"""Serialises the once-per-process set-up (cgroup bases, the root tree): the pool's refill thread
+and a caller may both get there first, and two probes of one name would fail each other."""
+
+
 def cgroup_bases() -> tuple[int, tuple[str, ...]] | None:
     """(version, the directories new run cgroups go under), or None where none can be made here."""
+    with _setup_lock:
+        return _cgroup_bases()
+
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_bases() -> tuple[int, tuple[str, ...]] | None:
     own = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
@@ -250,7 +251,7 @@ def _make_base(base: str, version: int) -> bool:
             _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
             _write(os.path.join(base, "cgroup.subtree_control"), "+cpu")
     _sweep(base)
-    probe = os.path.join(base, f"probe-{os.getpid()}")
+    probe = os.path.join(base, f"probe-{os.getpid()}-{threading.get_ident()}")
     try:
         os.mkdir(probe)
         os.rmdir(probe)
@@ -326,8 +327,13 @@ def interpreter() -> tuple[str, str]:
     return exe, stdlib
 
 
-@functools.lru_cache(maxsize=1)
 def root_binds() -> tuple[str, ...]:
+    with _setup_lock:
+        return _root_binds()
+
+
+@functools.lru_cache(maxsize=1)
+def _root_binds() -> tuple[str, ...]:
     """bwrap arguments for a read-only root holding the interpreter, the shared libraries it and its
     stdlib's extension modules load (found with `ldd`), and its stdlib with `site-packages` hidden.
 

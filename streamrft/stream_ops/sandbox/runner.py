@@ -4,16 +4,17 @@ The runner (`RUNNER`, run as `python -I -S -c RUNNER` inside the jail) waits for
 (marshal, from the parent): the solution's code, the cases' inputs (never their expected values),
 rlimits and a nonce. It imports nothing that is not already loaded or builtin (importing `json`
 alone costs more than the interpreter's start). Once it has the job and has set the limits, it
-writes the handshake `{'ready': nonce}` as the first line
+writes the handshake `{"ready": nonce}` as the first line
 of its results descriptor (a memfd of the parent's, its number in argv); everything after that line is the solution's doing. For each case it writes one
-line, a Python literal (`repr`), `{'i': k, 'v': <tagged value>}` or `{'i': k, 'error': '...'}`: a
-call's return value, or a program's stdout. Nothing the runner writes is trusted beyond "this is
-the solution's answer": the parent reads each line with `ast.literal_eval` (literals only, nothing
-is called), decodes strictly (`decode_value`) and compares with the expected value it kept.
+JSON line (written by a few lines of its own, not the json module), `{"i": k, "v": <tagged value>}`
+or `{"i": k, "error": "..."}`: a call's return value, or a program's stdout. Nothing the runner
+writes is trusted beyond "this is the solution's answer": the parent parses each line with
+`json.loads` (C, bounded by the results file's size), decodes strictly (`decode_value`) and
+compares with the expected value it kept.
 """
 from __future__ import annotations
 
-import ast
+import json
 from typing import Any
 
 RUNNER = r"""
@@ -23,8 +24,19 @@ job = marshal.loads(sys.stdin.buffer.read())
 for name, soft in job["rlimits"].items():  # CPU: SIGXCPU at the soft limit, SIGKILL a second later
     resource.setrlimit(getattr(resource, name), (soft, soft + 1 if name == "RLIMIT_CPU" else soft))
 null = os.open("/dev/null", os.O_RDONLY); os.dup2(null, 0); os.close(null)
+ESC = {i: "\\u%04x" % i for i in [*range(32), *range(0xD800, 0xE000)]}
+ESC[34], ESC[92] = '\\"', "\\\\"
+def js(o):  # JSON without the json module: str, bool, int, None, list and str-keyed dict
+    t = type(o)
+    if t is str: return '"' + o.translate(ESC) + '"'
+    if t is bool: return "true" if o else "false"
+    if t is int: return str(o)
+    if o is None: return "null"
+    if t is list: return "[" + ",".join([js(x) for x in o]) + "]"
+    if t is dict: return "{" + ",".join([js(k) + ":" + js(v) for k, v in o.items()]) + "}"
+    raise TypeError(t.__name__)
 def emit(obj):
-    data = (repr(obj) + "\n").encode("utf-8", "backslashreplace")
+    data = (js(obj) + "\n").encode()
     while data:
         data = data[os.write(RESULTS, data):]
 emit({"ready": job["nonce"]})
@@ -146,23 +158,23 @@ def decode_value(tagged: Any) -> Any:
         raise ValueFormatError(f"{type(e).__name__}: {e}") from None
 
 
-def _literal(raw: bytes):
+def _line(raw: bytes):
     try:
-        return ast.literal_eval(raw.decode("utf-8", "replace"))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return json.loads(raw)
+    except (ValueError, RecursionError):
         return None
 
 
 def read_lines(data: bytes, nonce: str, total: int, first: int = 0) -> tuple[bool, dict[int, dict]]:
     """(handshake seen, the first line the sandbox wrote for each case index) from the results descriptor's bytes."""
     lines = data.split(b"\n")
-    if _literal(lines[0]) != {"ready": nonce}:
+    if _line(lines[0]) != {"ready": nonce}:
         return False, {}
     out: dict[int, dict] = {}
     for raw in lines[1:]:
         if not raw.strip():
             continue
-        line = _literal(raw)
+        line = _line(raw)
         if not isinstance(line, dict) or type(line.get("i")) is not int:
             continue
         i = line["i"]
