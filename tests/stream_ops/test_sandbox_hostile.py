@@ -80,6 +80,9 @@ def attack(code: str) -> str:
     ("a value that equals everything", "class Any(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
      "def add(a, b):\n    return Any(0)"),
     ("a subclass of list equal to everything", "class L(list):\n    def __eq__(self, o): return True\ndef add(a, b):\n    return L()"),
+    ("flood every descriptor with an unparseable line", "import os\nfor fd in range(1, 64):\n    try:\n"
+     "        os.write(fd, b'[' * (8 << 20))\n    except OSError:\n        pass"),
+    ("a value nested 10,000 deep", "def add(a, b):\n    x = []\n    for _ in range(10000):\n        x = [x]\n    return x"),
     ("sys.exit", "import sys\nsys.exit(0)"),
     ("exit with the old 'setup failed' status", "import os\nos._exit(70)"),
     ("claim the sandbox failed", "import sys\nsys.stderr.write('unshare failed: Operation not permitted\\n')\nsys.exit(1)"),

@@ -18,8 +18,10 @@
 from __future__ import annotations
 
 import marshal
+import os
 import secrets
-import subprocess
+import select
+import time
 from dataclasses import dataclass, fields
 
 from streamrft.stream_ops.sandbox.cases import Case, TestFormatError, judge, parse_case, parse_cases
@@ -104,6 +106,23 @@ def run_cases(code: str, cases: list[Case], limits: Limits = Limits()) -> Sandbo
     return SandboxResult(passed, len(cases), "; ".join(failures))
 
 
+def _send(pipe, data: bytes, deadline: float) -> None:
+    """Write the job to the runner's stdin and close it, giving up at the deadline (a jail that
+    never reads its job never answers: the missing handshake says so)."""
+    fd = pipe.fileno()
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                return
+            view = view[os.write(fd, view[:1 << 16]):]
+    except OSError:  # BrokenPipeError: the runner is gone before reading its job
+        pass
+    finally:
+        pipe.close()
+
+
 def _run_jail(code: str, cases: list[Case], first: int, limits: Limits) -> dict[int, tuple[bool, str]]:
     """Run the solution against `cases` (numbered from `first`) in one fresh jail."""
     mb = 1 << 20
@@ -117,12 +136,10 @@ def _run_jail(code: str, cases: list[Case], first: int, limits: Limits) -> dict[
     jail = pool.take()
     timed_out = False
     try:
-        try:
-            jail.proc.communicate(job, timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        except BrokenPipeError:  # the runner is gone before reading its job: the handshake decides below
-            pass
+        deadline = time.monotonic() + limits.wall_s
+        _send(jail.proc.stdin, job, deadline)
+        # done: the runner wrote to its pipe, or every process of the jail is gone (EOF)
+        timed_out = not select.select([jail.done_fd], [], [], max(0.0, deadline - time.monotonic()))[0]
         returncode = jail.proc.poll()
         results = jail.read(jail.res_fd, limits.file_mb * mb + (1 << 16))
         stderr = jail.read(jail.err_fd, 4096).decode("utf-8", "replace")

@@ -72,6 +72,9 @@ class Jail:
     """memfds on the parent's side: the solution's stdout, stderr, and the runner's results."""
     err_fd: int
     res_fd: int
+    done_fd: int
+    """A pipe's read end: readable once the runner says it is done, or once every process of the
+    jail has let go of its write end (they all exited)."""
     cgroup: "Cgroup | None"
     scratch: str | None
     started: float
@@ -103,7 +106,7 @@ class Jail:
             log.warning("sandbox: bwrap pid %d did not exit in 10 s after SIGKILL", self.proc.pid)
         if self.cgroup is not None:
             self.cgroup.kill()
-        for fd in (self.out_fd, self.err_fd, self.res_fd):
+        for fd in (self.out_fd, self.err_fd, self.res_fd, self.done_fd):
             try:
                 os.close(fd)
             except OSError:
@@ -476,6 +479,7 @@ def spawn(spec: JailSpec) -> Jail:
     root = os.geteuid() == 0
     cgroup = make_cgroup(spec)
     fds = [os.memfd_create(name, 0) for name in ("stdout", "stderr", "results")]  # not inheritable
+    done_r, done_w = os.pipe()
     filter_fd = _seccomp_fd()
     seccomp = ["--seccomp", str(filter_fd)] if filter_fd is not None else []
     scratch = tempfile.mkdtemp(prefix="streamrft-jail-") if root else None
@@ -483,16 +487,16 @@ def spawn(spec: JailSpec) -> Jail:
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
            "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
            "--clearenv", "--cap-drop", "ALL", *seccomp, *root_binds(), "--proc", "/proc", "--dev", "/dev",
-           "--remount-ro", "/dev", *tmp, "--chdir", "/tmp", exe, "-I", "-S", "-c", RUNNER, str(fds[2])]
+           "--remount-ro", "/dev", *tmp, "--chdir", "/tmp", exe, "-I", "-S", "-c", RUNNER, str(fds[2]), str(done_w)]
     options = f"size={spec.tmpfs_mb << 20},nr_inodes={spec.inodes},mode=1777".encode()
     try:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=fds[0], stderr=fds[1], env={}, cwd="/",
-            pass_fds=(fds[2],) if filter_fd is None else (fds[2], filter_fd),
+            pass_fds=(fds[2], done_w) if filter_fd is None else (fds[2], done_w, filter_fd),
             start_new_session=True, preexec_fn=_preexec(cgroup.procs_files if cgroup else [],
                                                         scratch.encode() if scratch else None, options, _libc()))
     except (OSError, subprocess.SubprocessError) as e:
-        for fd in fds:
+        for fd in (*fds, done_r):
             os.close(fd)
         if cgroup is not None:
             cgroup.remove()
@@ -500,6 +504,7 @@ def spawn(spec: JailSpec) -> Jail:
             os.rmdir(scratch)
         raise SandboxUnavailable(f"cannot start the sandbox: {e}") from e
     finally:
+        os.close(done_w)
         if filter_fd is not None:
             os.close(filter_fd)
-    return Jail(proc, fds[0], fds[1], fds[2], cgroup, scratch, time.monotonic())
+    return Jail(proc, fds[0], fds[1], fds[2], done_r, cgroup, scratch, time.monotonic())

@@ -8,7 +8,9 @@ writes the handshake `{"ready": nonce}` as the first line
 of its results descriptor (a memfd of the parent's, its number in argv); everything after that line is the solution's doing. For each case it writes one
 JSON line (written by a few lines of its own, not the json module), `{"i": k, "v": <tagged value>}`
 or `{"i": k, "error": "..."}`: a call's return value, or a program's stdout. Nothing the runner
-writes is trusted beyond "this is the solution's answer": the parent parses each line with
+writes is trusted beyond "this is the solution's answer": the runner then writes to its `done` pipe (the solution may too, early:
+it loses the answers not yet written), the parent takes the results without waiting for the
+jail's namespaces to be torn down, parses each line with
 `json.loads` (C, bounded by the results file's size), decodes strictly (`decode_value`) and
 compares with the expected value it kept.
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 RUNNER = r"""
 import io, marshal, os, resource, signal, sys
-RESULTS = int(sys.argv[1])
+RESULTS, DONE = int(sys.argv[1]), int(sys.argv[2])
 job = marshal.loads(sys.stdin.buffer.read())
 for name, soft in job["rlimits"].items():  # CPU: SIGXCPU at the soft limit, SIGKILL a second later
     resource.setrlimit(getattr(resource, name), (soft, soft + 1 if name == "RLIMIT_CPU" else soft))
@@ -42,7 +44,7 @@ def emit(obj):
 emit({"ready": job["nonce"]})
 current = [-1]
 def out_of_cpu(signum, frame):
-    emit({"i": current[0], "error": "CPU time limit of %d s exceeded" % job["rlimits"]["RLIMIT_CPU"]}); os._exit(0)
+    emit({"i": current[0], "error": "CPU time limit of %d s exceeded" % job["rlimits"]["RLIMIT_CPU"]}); finish()
 signal.signal(signal.SIGXCPU, out_of_cpu)
 def enc(v, depth=0):
     if depth > 64:
@@ -60,6 +62,11 @@ def enc(v, depth=0):
     if t is frozenset: return ["z", [enc(x, depth + 1) for x in v]]
     if t is dict: return ["d", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
     raise TypeError("the call returned a %s, not a plain value (None, bool, int, float, str, bytes, list, tuple, set, dict)" % t.__name__)
+def finish():
+    try:
+        os.write(DONE, b"done")
+    finally:
+        os._exit(0)
 def error(e):
     return "%s: %s" % (type(e).__name__, str(e)[-400:])
 code, cases, cap = job["code"], job["cases"], job["output_cap"]
@@ -69,7 +76,7 @@ if any("call" in c for c in cases):
     try:
         exec(compile(code, "solution.py", "exec"), g)
     except BaseException as e:
-        emit({"i": -1, "error": "the solution raised " + error(e)}); os._exit(0)
+        emit({"i": -1, "error": "the solution raised " + error(e)}); finish()
 for i, case in enumerate(cases):
     current[0] = job["first"] + i
     if "call" in case:
@@ -102,7 +109,7 @@ for i, case in enumerate(cases):
     os.lseek(fout, 0, 0); text = os.read(fout, cap); os.close(fout)
     emit({"i": current[0], "error": status} if status else {"i": current[0], "v": ["s", text.decode("utf-8", "replace")]})
 sys.stdout.flush()
-os._exit(0)
+finish()
 """
 
 MAX_DEPTH = 64
