@@ -2,8 +2,9 @@
 
 The runner (`RUNNER`, run as `python -I -S -c RUNNER` inside the jail) waits for its job on stdin
 (marshal, from the parent): the solution's code, the cases' inputs (never their expected values),
-rlimits and a nonce. It imports nothing that is not already loaded or builtin (importing `json`
-alone costs more than the interpreter's start). Once it has the job and has set the limits, it
+rlimits and a nonce. It imports nothing that is not already loaded or builtin (`json` alone costs
+more than the interpreter's start, `signal` half of it: it builds enums; `_signal` does not; `os`
+is `posix` here). Once it has the job and has set the limits, it
 writes the handshake `{"ready": nonce}` as the first line
 of its results descriptor (a memfd of the parent's, its number in argv); everything after that line is the solution's doing. For each case it writes one
 JSON line (written by a few lines of its own, not the json module), `{"i": k, "v": <tagged value>}`
@@ -20,7 +21,7 @@ import json
 from typing import Any
 
 RUNNER = r"""
-import io, marshal, os, resource, signal, sys
+import _signal, io, marshal, posix as os, resource, sys
 RESULTS, DONE = int(sys.argv[1]), int(sys.argv[2])
 job = marshal.loads(sys.stdin.buffer.read())
 for name, soft in job["rlimits"].items():  # CPU: SIGXCPU at the soft limit, SIGKILL a second later
@@ -45,7 +46,7 @@ emit({"ready": job["nonce"]})
 current = [-1]
 def out_of_cpu(signum, frame):
     emit({"i": current[0], "error": "CPU time limit of %d s exceeded" % job["rlimits"]["RLIMIT_CPU"]}); finish()
-signal.signal(signal.SIGXCPU, out_of_cpu)
+_signal.signal(_signal.SIGXCPU, out_of_cpu)
 def enc(v, depth=0):
     if depth > 64:
         raise ValueError("the value is nested deeper than 64 levels")
