@@ -73,3 +73,27 @@ def test_an_explorer_whose_engine_fails_to_load_leaves_the_group_at_once(stack, 
         assert time.monotonic() - t0 < cfg.kafka.session_timeout_ms / 1000
     finally:
         other.stop()
+
+
+def test_an_explorer_refuses_a_task_file_its_rewards_cannot_score(stack, tmp_path, namespace):
+    """A code task whose test cannot be split into a call and an expected value stops the explorer
+    when it loads its tasks, naming the task: never a run that dead-letters every group later."""
+    import json
+
+    from streamrft.config.stream_ops import RewardTerm
+    from streamrft.producers.explorer import Explorer
+
+    cfg = _config(stack, tmp_path, namespace)
+    tasks = tmp_path / "code_tasks.jsonl"
+    tasks.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": "write add", "answer": "assert add(1, 2) == 3"},
+        {"prompt": "write add", "answer": "assert add(1, 2) > 2"}]) + "\n")
+    cfg.data.train = str(tasks)
+    cfg.stream_ops.rewards = [RewardTerm(name="code_tests")]
+    explorer = Explorer(cfg, 0)
+    try:
+        with pytest.raises(ValueError, match=r"task code_tasks-1: reward code_tests: test 0 .*comparison `Gt`"):
+            explorer.run()
+    finally:
+        explorer.members.stop()
+        explorer.admission.stop()
