@@ -58,6 +58,10 @@ class _Obj:
     modified: float
 
 
+DUTY_REST = 4.0
+"""Seconds of rest after a pass, per second the pass took (at least `every_s`)."""
+
+
 def _base(name: str) -> int:
     return int(name.rsplit("/", 1)[1][:20])
 
@@ -85,6 +89,23 @@ class LogKeeper:
                     out.append(p.object_name + "records/")
         return sorted(out)
 
+    def layout(self) -> dict[str, list[_Obj]]:
+        """Every partition's records prefix and its objects, in offset order, from one recursive
+        listing of the bucket (1,000 keys a request): a pass costs requests in proportion to the
+        objects there are, not two per topic and one per partition, which a broker holding
+        hundreds of small topics (a test session's namespaces) paid every few seconds."""
+        out: dict[str, list[_Obj]] = {}
+        for o in self.client.list_objects(self.bucket, prefix=self.root, recursive=True):
+            name = o.object_name
+            if not name.endswith(".batch") or "/records/" not in name:
+                continue
+            prefix = name[:name.index("/records/") + len("/records/")]
+            out.setdefault(prefix, []).append(_Obj(name, _base(name), o.size,
+                                                   o.last_modified.timestamp() if o.last_modified else time.time()))
+        for objs in out.values():
+            objs.sort(key=lambda o: o.name)
+        return dict(sorted(out.items()))
+
     def objects(self, prefix: str) -> list[_Obj]:
         return [_Obj(o.object_name, _base(o.object_name), o.size,
                      o.last_modified.timestamp() if o.last_modified else time.time())
@@ -102,10 +123,11 @@ class LogKeeper:
             raise OSError(f"deleting {len(names)} objects: {errors[0]}")
 
     # ---- one partition -------------------------------------------------------------------------
-    def roll_up(self, prefix: str, now: float | None = None) -> int:
-        """One pass over one partition; returns its object count after it."""
+    def roll_up(self, prefix: str, now: float | None = None, objs: list[_Obj] | None = None) -> int:
+        """One pass over one partition (its objects as listed, or listed now); returns its object
+        count after it."""
         now = time.time() if now is None else now
-        objs = self.objects(prefix)
+        objs = self.objects(prefix) if objs is None else objs
         small = self.target_bytes // 2
         run: list[_Obj] = []
         runs: list[list[_Obj]] = []
@@ -200,11 +222,12 @@ class LogKeeper:
             self.stats.errors += 1
             log.warning("finishing an interrupted roll-up failed: %s: %s", type(e).__name__, e)
             return self.stats
-        for prefix in self.partitions():
+        now = time.time()
+        for prefix, objs in self.layout().items():
             if stop is not None and stop.is_set():
                 break
             try:
-                self.stats.objects[prefix] = self.roll_up(prefix)
+                self.stats.objects[prefix] = self.roll_up(prefix, now, objs)
             except Exception as e:  # S3 restarting, a topic deleted meanwhile: the next pass retries
                 self.stats.errors += 1
                 log.warning("roll-up of %s failed: %s: %s", prefix, type(e).__name__, e)
@@ -244,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(args.every_s):
+    wait = args.every_s
+    while not stop.wait(wait):
         before, t0 = keeper.stats.merged_objects, time.monotonic()
         try:
             keeper.run_pass(stop)
@@ -252,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             keeper.stats.errors += 1
             log.warning("pass %d failed: %s: %s", keeper.stats.passes, type(e).__name__, e)
             continue
+        finally:
+            # a pass that takes long (a bucket of many topics) is followed by a longer rest: the
+            # keeper and the S3 server's listing for it stay under a fifth of a core
+            wait = max(args.every_s, DUTY_REST * (time.monotonic() - t0))
         if keeper.stats.merged_objects > before:
             log.info("pass %d: rolled %d objects up in %.1f s; largest partition now %d objects",
                      keeper.stats.passes, keeper.stats.merged_objects - before, time.monotonic() - t0,
