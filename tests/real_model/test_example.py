@@ -21,15 +21,18 @@ EXAMPLE = ROOT / "examples" / "smollm2_cpu.yaml"
 
 
 def test_a_short_run_of_the_example_publishes_versions_the_explorer_loads(stack, smollm2_dir, tmp_path):
-    steps = 3
+    # two versions: on a loaded 2-core machine a SmolLM2 version took 3-3.5 minutes here (the example's
+    # groups are mostly all-zero and filtered, so the trainer waits for learnable ones), and three
+    # missed the old 400 s budget in CI
+    steps = 2
     overrides = [
         "stack.embedded=false", f"kafka.bootstrap={stack.kafka.bootstrap}", f"s3.endpoint={stack.s3.endpoint}",
         f"s3.access_key={stack.s3.access_key}", f"s3.secret_key={stack.s3.secret_key}", f"s3.bucket={stack.s3.bucket}",
         f"output_dir={tmp_path}", f"model.path={smollm2_dir}",  # the converted SmolLM2 (model.source: done)
-        f"trainer.max_steps={steps}", "eval.every_versions=0", "eval.max_tasks=8", "max_wall_s=400",
+        f"trainer.max_steps={steps}", "eval.every_versions=0", "eval.max_tasks=8", "max_wall_s=720",
     ]
     res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(EXAMPLE), *overrides],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     final = next(line for line in res.stdout.splitlines() if line.startswith("final:"))
     assert f"versions={steps}" in final, final
