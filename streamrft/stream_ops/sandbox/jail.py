@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamrft.stream_ops.sandbox import seccomp
+from streamrft.stream_ops.sandbox.seccomp import program as seccomp_program
 from streamrft.stream_ops.sandbox.runner import RUNNER
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 SANDBOX_UID = 65534
 CGROUP_DIR = "streamrft-sandbox"
 CPU_PERIOD_US = 100_000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_PRIVATE = 2, 4, 1 << 18
 
 
 class SandboxUnavailable(RuntimeError):
@@ -76,7 +76,6 @@ class Jail:
     jail has let go of its write end (they all exited)."""
     cgroup: "Cgroup | None"
     scratch: str | None
-    started: float
 
     def read(self, fd: int, cap: int) -> bytes:
         return os.pread(fd, cap, 0)
@@ -487,7 +486,7 @@ def _sweep_scratch() -> None:
 
 def _seccomp_fd() -> int | None:
     """A memfd holding the jail's seccomp filter, for bwrap to read (one per jail: bwrap reads it to its end)."""
-    filt = seccomp.program()
+    filt = seccomp_program()
     if filt is None:
         _warn_no_seccomp()
         return None
@@ -557,4 +556,4 @@ def spawn(spec: JailSpec) -> Jail:
         os.close(done_w)
         if filter_fd is not None:
             os.close(filter_fd)
-    return Jail(proc, fds[0], fds[1], fds[2], done_r, cgroup, scratch, time.monotonic())
+    return Jail(proc, fds[0], fds[1], fds[2], done_r, cgroup, scratch)

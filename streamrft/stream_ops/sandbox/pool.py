@@ -28,8 +28,6 @@ class Pool:
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.spawned = 0
-        """Jails started so far (warm or on demand)."""
 
     def take(self) -> Jail:
         """A live jail waiting for its job: a warm one if ready, else one started now."""
@@ -46,7 +44,6 @@ class Pool:
                 jail = None
         if jail is None:
             jail = spawn(self.spec)
-            self.spawned += 1
         return jail
 
     def replenish(self) -> None:
@@ -69,7 +66,6 @@ class Pool:
                 time.sleep(1.0)
                 continue
             with self._cond:
-                self.spawned += 1
                 if self._closed:
                     jail.destroy()
                     return
