@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 from streamrft.infra.stack import embedded_stack, resolve_clients
+from streamrft.launch.commands import add_role_parsers, config_args as _config_args
 
 
 def _stack_args(p: argparse.ArgumentParser) -> None:
@@ -101,22 +101,12 @@ def cmd_roundtrip(args) -> int:
     return roundtrip(stack, kafka, s3, keep_up=args.keep_up)
 
 
-def _role_config(args):
-    from streamrft.config import load_config
-    from streamrft.launch.prepare import prepare
-
-    cfg = load_config(args.config, args.overrides)
-    if cfg.stack.embedded:
-        # a role started alone joins the embedded stack recorded under the data dir
-        cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
-    # resolves the prepared data/model paths; builds them only if `streamrft prepare` did not
-    return prepare(cfg)
-
-
 def cmd_prepare(args) -> int:
     from streamrft.config import load_config
     from streamrft.launch.prepare import prepare
+    from streamrft.launch.quiet import quiet_libraries
 
+    quiet_libraries()  # the SFT stages' own bars stay
     cfg = prepare(load_config(args.config, args.overrides))
     print(f"prepared: model {cfg.model.path}; train {cfg.data.train}; eval {cfg.data.eval}")
     return 0
@@ -206,12 +196,6 @@ def cmd_topics(args) -> int:
     return 0
 
 
-def _logging() -> None:
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-
-
 def cmd_run(args) -> int:
     from streamrft.launch.run import run
 
@@ -228,82 +212,6 @@ def cmd_dashboard(args) -> int:
     if cfg.stack.embedded:
         cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
     return serve(cfg, args.namespace, args.host, args.port)
-
-
-def cmd_feed(args) -> int:
-    from streamrft.producers.feeder import feed_tasks
-
-    cfg = _role_config(args)
-    n = feed_tasks(cfg, args.file, args.epochs)
-    print(f"fed {n} tasks to {cfg.namespace}.tasks")
-    return 0
-
-
-def cmd_explore(args) -> int:
-    _logging()
-    from streamrft.producers.explorer import run_explorer
-
-    return run_explorer(_role_config(args), args.index)
-
-
-def cmd_evaluate(args) -> int:
-    _logging()
-    from streamrft.producers.evaluator import run_evaluator
-
-    return run_evaluator(_role_config(args))
-
-
-def cmd_serve(args) -> int:
-    _logging()
-    from streamrft.producers.gateway import serve
-
-    return serve(_role_config(args))
-
-
-def cmd_train(args) -> int:
-    _logging()
-    from streamrft.config import OFFLINE_TYPES
-
-    cfg = _role_config(args)
-    if cfg.algorithm.type in OFFLINE_TYPES:
-        from streamrft.consumers.offline import run_offline
-
-        return run_offline(cfg, publish=args.publish)
-    from streamrft.consumers.trainer import relaunch_under_torchrun, run_trainer
-
-    code = relaunch_under_torchrun(cfg, ["train", args.config, *args.overrides])
-    return run_trainer(cfg) if code is None else code
-
-
-def cmd_replay(args) -> int:
-    args.overrides = [*args.overrides, f"trainer.replay.namespace={args.source}",
-                      f"trainer.replay.from_offset={args.from_offset}"]
-    for flag in ("from_timestamp_ms", "to_offset", "to_timestamp_ms"):
-        if getattr(args, flag) is not None:
-            args.overrides.append(f"trainer.replay.{flag}={getattr(args, flag)}")
-    if args.range:
-        ranges = {}
-        for r in args.range:
-            m = re.fullmatch(r"(\d+):(\d+)-(\d+)", r)
-            if m is None:
-                raise SystemExit(f"--range {r!r}: expected PARTITION:START-END (offsets, END exclusive)")
-            ranges[int(m[1])] = [int(m[2]), int(m[3])]
-        args.overrides.append("trainer.replay.partitions={" + ", ".join(f"{p}: {v}" for p, v in ranges.items()) + "}")
-    if args.rollouts is not None:
-        args.overrides.append(f"trainer.replay.rollouts_team={args.rollouts}")
-    return cmd_train(args)
-
-
-def cmd_score(args) -> int:
-    _logging()
-    from streamrft.stream_ops.cli_entry import cmd_score as score
-
-    return score(args)
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="run config YAML")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-6")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,41 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="default: monitor.dashboard.host (127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="default: monitor.dashboard.port; 0 = a free port")
     p.set_defaults(fn=cmd_dashboard)
-    p = sub.add_parser("feed", help="publish a dataset file's rows as tasks on the run's tasks topic")
-    _config_args(p)
-    p.add_argument("--file", default=None, help="JSONL/Parquet of tasks (default: data.train)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.set_defaults(fn=cmd_feed)
-    p = sub.add_parser("explore", help="run one explorer")
-    _config_args(p)
-    p.add_argument("--index", type=int, default=0, help="this explorer's index (its task shard)")
-    p.set_defaults(fn=cmd_explore)
-    p = sub.add_parser("evaluate", help="run the evaluator: held-out eval of the run's weight versions as they come")
-    _config_args(p)
-    p.set_defaults(fn=cmd_evaluate)
-    p = sub.add_parser("serve", help="run the rollout gateway: an OpenAI-compatible endpoint for other teams' agents")
-    _config_args(p)
-    p.set_defaults(fn=cmd_serve)
-    p = sub.add_parser("replay", help="train on a range of another run's retained experiences (or rollouts) topic")
-    _config_args(p)
-    p.add_argument("--source", required=True, help="namespace of the run whose experiences are replayed")
-    p.add_argument("--from-offset", type=int, default=0)
-    p.add_argument("--from-timestamp-ms", type=int, default=None)
-    p.add_argument("--to-offset", type=int, default=None, help="stop every partition before this offset")
-    p.add_argument("--to-timestamp-ms", type=int, default=None, help="stop before the first record at/after this time")
-    p.add_argument("--range", action="append", default=[], metavar="P:START-END",
-                   help="only partition P's offsets [START, END); repeat for more partitions (others skipped)")
-    p.add_argument("--rollouts", metavar="TEAM", default=None,
-                   help="replay <source>.rollouts.TEAM, scored again with this config's rewards")
-    p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(fn=cmd_replay)
-    p = sub.add_parser("score", help="run one stream-ops worker (validate, score, advantages)")
-    _config_args(p)
-    p.set_defaults(fn=cmd_score)
-    p = sub.add_parser("train", help="run the trainer (online RL, or offline sft/dpo/kto)")
-    _config_args(p)
-    p.add_argument("--publish", action="store_true", help="offline: publish the result as weight version <steps>")
-    p.set_defaults(fn=cmd_train)
+    add_role_parsers(sub)
     return parser
 
 

@@ -367,7 +367,7 @@ class DeltaPublisher:
         allows. `owned`: the caller hands `state_dict` over (nobody changes it after: the trainer's
         CPU copy), and it becomes the base of the next delta as it is; otherwise the publisher's
         own copy is brought up to it in place, tensor by tensor as the delta is encoded."""
-        from streamrft.engine.weights import publish_state_dict
+        from streamrft.engine.shards import publish_state_dict
 
         new = canonical(state_dict)
         meta = dict(meta or {})
@@ -455,7 +455,7 @@ def fetch_chain(store: WeightStore, model: str, version: int, cache_dir: Path,
     (its version, its state) when `have` lies on the chain (the deltas since replayed); when that
     fails, or without `have`, the chain is replayed from its full snapshot. Raises what the
     snapshot's chain fails with (CorruptVersionError, S3Error...)."""
-    from streamrft.engine.weights import fetch_full_state_dict
+    from streamrft.engine.shards import fetch_full_state_dict
 
     manifest = store.read_manifest(model, version)
     meta = manifest.meta

@@ -6,13 +6,14 @@ loads any HF causal LM directory, the demo's or a real one.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from streamrft.infra.tokenizer import load_tokenizer
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -99,24 +100,6 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True).to(device)
     model.eval()
     return model, load_tokenizer(path)
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer saved in `path`, with a pad token.
-
-    A generic tokenizers-backed tokenizer (such as the char tokenizer) is loaded as such: AutoTokenizer
-    would swap in the model type's own class (Qwen2Tokenizer for a Qwen2 config), which re-derives its
-    pre-tokenizer and silently drops characters.
-    """
-    config_file = Path(path) / "tokenizer_config.json"
-    saved_class = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.exists() else None
-    if saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def state_dict_to_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:

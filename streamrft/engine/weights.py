@@ -12,55 +12,15 @@ for a trainer checkpoint on local disk.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from streamrft.config import LoraSpec
-from streamrft.infra.objectstore import Manifest, WeightStore
-
-
-def save_shards(state_dict: dict[str, torch.Tensor], out_dir: Path, max_shard_bytes: int = 2 << 30) -> list[Path]:
-    """Write `state_dict` as `model-0000k.safetensors` shards of at most `max_shard_bytes`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    seen: dict[int, str] = {}
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in state_dict.items():
-        ptr = t.data_ptr()
-        if ptr in seen:  # tied weights (embeddings = lm_head): store once, the model re-ties them
-            continue
-        seen[ptr] = name
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t.detach().to("cpu").contiguous()
-        size += nbytes
-    paths = []
-    for i, shard in enumerate(shards):
-        path = out_dir / f"model-{i:05d}.safetensors"
-        save_file(shard, str(path))
-        paths.append(path)
-    return paths
-
-
-def publish_state_dict(store: WeightStore, model: str, version: int, state_dict: dict[str, torch.Tensor],
-                       meta: dict | None = None, max_shard_bytes: int = 2 << 30) -> Manifest:
-    tmp = Path(tempfile.mkdtemp(prefix=f"publish-v{version}-"))
-    try:
-        return store.publish_version(model, version, save_shards(state_dict, tmp, max_shard_bytes), meta)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def load_shards(directory: Path) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = {}
-    for path in sorted(Path(directory).glob("*.safetensors")):
-        state.update(load_file(str(path)))
-    return state
+from streamrft.engine.shards import (ADAPTER_FILE, fetch_full_state_dict, load_shards,  # noqa: F401  (re-exported)
+                                     publish_state_dict, save_shards)
+from streamrft.infra.objectstore import WeightStore
 
 
 def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Path,
@@ -72,17 +32,6 @@ def fetch_state_dict(store: WeightStore, model: str, version: int, cache_dir: Pa
     from streamrft.engine.delta import fetch_chain
 
     return fetch_chain(store, model, version, cache_dir, have)
-
-
-def fetch_full_state_dict(store: WeightStore, model: str, version: int,
-                          cache_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """`fetch_state_dict` of a version published whole (not a delta)."""
-    dest = Path(cache_dir) / f"v{version}"
-    try:
-        manifest = store.fetch_version(model, version, dest)
-        return load_shards(dest), manifest.meta
-    finally:
-        shutil.rmtree(dest, ignore_errors=True)
 
 
 def _is_weights(path: Path) -> bool:
@@ -169,7 +118,6 @@ def export_checkpoint(checkpoint_dir: str | Path, base_dir: str | Path, out_dir:
     from safetensors.torch import load_file
 
     from streamrft.engine.lora import LORA_A, write_peft_dir
-    from streamrft.engine.training.torch_engine import ADAPTER_FILE
 
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / ADAPTER_FILE).is_file():

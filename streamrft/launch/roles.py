@@ -6,7 +6,7 @@ and transformers before it does anything; five of them starting at once on two c
 12-15 s to the CPU demo's first version. With `fork_roles` the launcher starts multiprocessing's
 fork server as it begins (its imports overlap the stack's start, the warm-up and the start eval),
 and each role is forked from it, the imports already done: torch forked before any parallel
-work, as its DataLoader workers are. A forked role is the same `streamrft.cli` command in a
+work, as its DataLoader workers are. A forked role is the same role command (`launch.commands`) in a
 process of its own: its own session (as `start_new_session`), its log file as stdout and stderr,
 the launcher's environment and working directory at the moment it is started (not the server's
 older ones), and an exit code as a subprocess's (negative: the signal that ended it). `Role`
@@ -55,7 +55,7 @@ def _role_main(args: list[str], log: str, env: dict[str, str], cwd: str) -> None
     numpy = sys.modules.get("numpy")  # `random` reseeds itself in a forked child; numpy's global
     if numpy is not None:  # state would be the server's in every role (DataLoader's old pitfall)
         numpy.random.seed()
-    from streamrft.cli import main
+    from streamrft.launch.commands import main
 
     sys.exit(main(args))
 
@@ -102,5 +102,5 @@ def spawn(args: list[str], log: Path, fork: bool) -> "Role | subprocess.Popen":
     if fork:
         return Role(args, log)
     with open(log, "ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "streamrft.cli", *args], stdout=fh, stderr=subprocess.STDOUT,
+        return subprocess.Popen([sys.executable, "-m", "streamrft.launch.commands", *args], stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

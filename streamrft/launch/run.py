@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from streamrft.config import RunConfig, dump_config, load_config
+from streamrft.launch.quiet import quiet_libraries
 from streamrft.launch.roles import spawn, start_server
 
 
@@ -134,6 +135,7 @@ def run(config_path: str, overrides: list[str]) -> int:
     from streamrft.infra.stack import embedded_stack, resolve_clients
 
     t_start = time.monotonic()
+    quiet_libraries()  # before the fork server starts: it and every role inherit the environment
     # Ctrl-C and `kill PID` stop every role, then the stack it started. Both are set here: by default
     # SIGTERM would end the launcher alone and leave its roles and the stack running, and a launcher
     # started in the background by a script inherits SIGINT ignored

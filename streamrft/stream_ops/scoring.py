@@ -24,57 +24,18 @@ import asyncio
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple
 
 from streamrft.config import RunConfig
 from streamrft.schemas import ExperienceGroup, RolloutGroup
+from streamrft.stream_ops.errors import ScoringError
+from streamrft.stream_ops.rewards.kinds import ResolvedReward
 
 ENV_TERM = "env"
 # advantage functions that take one group's rewards alone (see engine/algorithms/advantages.py)
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opmd")
 PRIORITIES = ("fifo", "reward_std", "abs_advantage")
-
-
-class ScoringError(RuntimeError):
-    """A reward or advantage function failed (raised, or returned a non-finite value) on this group."""
-
-    def __init__(self, reason: str, error_type: str = ""):
-        self.reason = reason
-        self.error_type = error_type or type(self).__name__
-        super().__init__(reason)
-
-
-@dataclass(frozen=True)
-class ResolvedReward:
-    """One reward term, its function looked up. `fn=None` means the trajectory's `env_reward`.
-
-    `context`: which of `task` / `trajectory` the function takes (`rewards.reward_context`), found once here;
-    `kind`: inline, async or blocking (`rewards.reward_kind`). The last four fields apply to slow
-    (async, blocking) terms only: see `RewardTerm`.
-    """
-
-    name: str
-    fn: Callable[..., float] | None
-    weight: float = 1.0
-    params: dict[str, Any] = field(default_factory=dict)
-    timeout_s: float = 30.0
-    retries: int = 2
-    backoff_s: float = 0.5
-    fallback: float | None = None
-    context: tuple[str, ...] = field(init=False, default=())
-    kind: str = field(init=False, default="inline")
-
-    def __post_init__(self):
-        from streamrft.stream_ops.rewards import reward_context, reward_kind
-
-        object.__setattr__(self, "context", () if self.fn is None else reward_context(self.fn))
-        object.__setattr__(self, "kind", "inline" if self.fn is None else reward_kind(self.fn))
-
-    @property
-    def slow(self) -> bool:
-        return self.kind != "inline"
 
 
 def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:

@@ -14,7 +14,8 @@ import math
 from concurrent.futures import Executor
 
 from streamrft.schemas import RolloutGroup
-from streamrft.stream_ops.scoring import ResolvedReward, ScoringError
+from streamrft.stream_ops.errors import ScoringError
+from streamrft.stream_ops.rewards.kinds import ResolvedReward
 
 log = logging.getLogger(__name__)
 

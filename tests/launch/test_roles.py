@@ -25,11 +25,11 @@ def server():
 def test_a_forked_role_writes_what_a_subprocess_writes_and_exits_with_its_code(tmp_path):
     for fork in (True, False):
         ok, bad = tmp_path / f"ok-{fork}.log", tmp_path / f"bad-{fork}.log"
-        assert spawn(["schema", "task"], ok, fork).wait(120) == 0
-        assert spawn(["schema", "no_such_message"], bad, fork).wait(120) != 0
+        assert spawn(["train", "--help"], ok, fork).wait(120) == 0
+        assert spawn(["train", str(tmp_path / "no_such_config.yaml")], bad, fork).wait(120) != 0
     assert (tmp_path / "ok-True.log").read_text() == (tmp_path / "ok-False.log").read_text()
-    assert '"prompt"' in (tmp_path / "ok-True.log").read_text()
-    assert "no_such_message" in (tmp_path / "bad-True.log").read_text()
+    assert "usage: streamrft train" in (tmp_path / "ok-True.log").read_text()
+    assert "no_such_config.yaml" in (tmp_path / "bad-True.log").read_text()
 
 
 def _text(path) -> str:

@@ -7,7 +7,6 @@ from streamrft.stream_ops.rewards import REWARDS, resolve_reward
 from streamrft.stream_ops.rewards.exact_match import exact_match
 from streamrft.stream_ops.rewards.format import format_reward
 from streamrft.stream_ops.rewards.reverse import reverse_reward
-from streamrft.stream_ops.rewards.weighted_mix import weighted_mix
 
 
 def test_exact_match():
@@ -42,6 +41,7 @@ def test_math_verify():
 
 
 def test_weighted_mix():
+    weighted_mix = REWARDS["weighted_mix"]  # bound to the registry's lookup
     comps = [{"name": "reverse", "weight": 0.5}, {"name": "exact_match", "weight": 0.5}]
     assert weighted_mix("dcxa", "dcba", components=comps) == pytest.approx(0.375)  # 0.5*0.75 + 0.5*0
     assert weighted_mix("dcba", "dcba", components=comps) == pytest.approx(1.0)

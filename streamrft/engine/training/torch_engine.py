@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-ADAPTER_FILE = "adapter.safetensors"
+from streamrft.engine.shards import ADAPTER_FILE, load_shards
 
 
 def warmup_factor(update: int, warmup_steps: int) -> float:
@@ -76,8 +76,6 @@ class TorchTrainEngine:
                                    "without model.lora?")
             load_adapter(self.model, load_file(str(directory / ADAPTER_FILE)))
         else:
-            from streamrft.engine.weights import load_shards
-
             missing, unexpected = self.model.load_state_dict(load_shards(directory), strict=False)
             if unexpected or any("lm_head" not in k for k in missing):
                 raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, "

@@ -35,7 +35,7 @@ def ids_text(ids: list[int]) -> str:
 
 
 def _decoder(path: str | Path) -> Decode:
-    from streamrft.engine.models import load_tokenizer
+    from streamrft.infra.tokenizer import load_tokenizer
 
     tok = load_tokenizer(path)  # read into memory: the directory may go afterwards
     return lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from streamrft.schemas import ExperienceGroup, RolloutGroup
 from streamrft.stream_ops.ops import charset, dedup, length, prompt_copy, repetition
-from streamrft.stream_ops.scoring import ScoringError
+from streamrft.stream_ops.errors import RecordRejected, ScoringError
 
 Op = Callable[[RolloutGroup], dict[int, str]]
 
@@ -25,10 +25,6 @@ OPS: dict[str, Callable[..., Op]] = {
     "dedup": dedup.make,
     "prompt_copy": prompt_copy.make,
 }
-
-
-class RecordRejected(ScoringError):
-    """An op dead-letters the whole record (its reason names the op)."""
 
 
 def resolve_op(type_: str | None, import_path: str | None) -> Callable[..., Op]:

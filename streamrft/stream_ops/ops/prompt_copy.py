@@ -8,6 +8,8 @@ response could copy the answer and score; `ignore` lets it through. Answers shor
 """
 from __future__ import annotations
 
+from streamrft.stream_ops.errors import RecordRejected
+
 
 def copied_fraction(response: str, prompt: str, n: int) -> float:
     """The fraction of the response's word n-grams that are also in the prompt."""
@@ -20,8 +22,6 @@ def copied_fraction(response: str, prompt: str, n: int) -> float:
 
 
 def make(n: int = 5, max_overlap: float = 0.8, leaked_answer: str = "dead_letter", min_answer_chars: int = 4):
-    from streamrft.stream_ops.ops import RecordRejected
-
     if leaked_answer not in ("dead_letter", "ignore"):
         raise ValueError(f"leaked_answer={leaked_answer!r} is not one of ['dead_letter', 'ignore']")
     if not 0.0 <= max_overlap <= 1.0 or n < 1:

@@ -37,31 +37,18 @@ it returns the reward function (any kind above), which is then called without th
 """
 from __future__ import annotations
 
+import functools
 import importlib
-import inspect
-from typing import Callable
 
 from streamrft.stream_ops.rewards.code_tests import code_tests
 from streamrft.stream_ops.rewards.exact_match import exact_match
 from streamrft.stream_ops.rewards.format import format_reward
 from streamrft.stream_ops.rewards.judge import make_judge
+from streamrft.stream_ops.rewards.kinds import CONTEXT, KINDS, RewardFn, is_factory, reward_context, reward_kind
 from streamrft.stream_ops.rewards.math_verify import math_verify_reward
 from streamrft.stream_ops.rewards.reverse import reverse_reward
 from streamrft.stream_ops.rewards.reward_model import make_reward_model
 from streamrft.stream_ops.rewards.weighted_mix import weighted_mix
-
-RewardFn = Callable[..., float]
-
-REWARDS: dict[str, RewardFn] = {
-    "exact_match": exact_match,
-    "math_verify": math_verify_reward,
-    "format": format_reward,
-    "reverse": reverse_reward,
-    "weighted_mix": weighted_mix,
-    "judge": make_judge,
-    "reward_model": make_reward_model,
-    "code_tests": code_tests,
-}
 
 
 def resolve_reward(name: str | None, import_path: str | None = None) -> RewardFn:
@@ -79,33 +66,16 @@ def resolve_reward(name: str | None, import_path: str | None = None) -> RewardFn
     return REWARDS[name]
 
 
-CONTEXT = ("task", "trajectory")
-"""What a reward may ask for by naming a keyword parameter (see the module docstring)."""
-
-
-def reward_context(fn: RewardFn) -> tuple[str, ...]:
-    """The names in `CONTEXT` that `fn` takes as keyword parameters; `**kwargs` alone asks for none."""
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature: the plain call
-        return ()
-    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(name for name in CONTEXT if name in parameters and parameters[name].kind in keyword)
-
-
-KINDS = ("inline", "async", "blocking")
-
-
-def reward_kind(fn: RewardFn) -> str:
-    """How the scorer calls `fn`: "async" (a coroutine function), "blocking" (`fn.blocking` is true), else "inline"."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-        return "async"
-    return "blocking" if getattr(fn, "blocking", False) else "inline"
-
-
-def is_factory(fn: RewardFn) -> bool:
-    """True for a reward that is built once per worker from its term's params (`fn.factory`)."""
-    return bool(getattr(fn, "factory", False))
+REWARDS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "math_verify": math_verify_reward,
+    "format": format_reward,
+    "reverse": reverse_reward,
+    "weighted_mix": functools.partial(weighted_mix, resolve=resolve_reward),
+    "judge": make_judge,
+    "reward_model": make_reward_model,
+    "code_tests": code_tests,
+}
 
 
 __all__ = ["CONTEXT", "KINDS", "REWARDS", "RewardFn", "check_tasks", "is_factory", "resolve_reward", "reward_context", "reward_kind"]
