@@ -449,9 +449,15 @@ class Trainer(Intake, UpdateLoop):
             return self._run()
         finally:
             self.publisher.close()  # nothing writes the checkpoint directory once its lock is given up
-            for closing in (self.progress, self.metric_logger, self.prom):
+            for closing in (self.progress, self.metric_logger, self.prom, getattr(self, "producer", None),
+                            getattr(self, "announcer", None)):
                 if closing is not None:
                     closing.close()
+            if getattr(self, "consumer", None) is not None:
+                try:
+                    self.consumer.close()  # after an error too: leave the group, stop connecting
+                except RuntimeError:  # closed already, at the end of `_run`
+                    pass
             if self._lock is not None:
                 checkpoint.unlock(self._lock)
                 self._lock = None

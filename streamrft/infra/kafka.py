@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -95,16 +96,31 @@ class CheckedProducer:
     def _new_producer(self) -> Producer:
         self._gen += 1
         gen = self._gen
+        # weakly: a callback holding this wrapper would make a cycle through the C producer, freed
+        # only by a later garbage collection; meanwhile a dropped producer kept connecting to a
+        # broker that may be gone ("Connection refused" in every test session's last seconds)
+        ref = weakref.ref(self)
 
         def on_error(err: KafkaError) -> None:
-            if err.fatal() and gen == self._gen:
-                self._fatal = err
+            this = ref()
+            if this is not None and err.fatal() and gen == this._gen:
+                this._fatal = err
             log.warning("kafka producer: %s", err)
 
         return self._factory({**self._conf, "error_cb": on_error})
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    def close(self) -> None:
+        """Close the connections now (idempotent). What the broker has not acknowledged is dropped,
+        not sent: `flush_or_raise` first to deliver it. A producer left to the garbage collector
+        keeps reconnecting meanwhile, to a broker that may be gone."""
+        if self._producer is None:
+            return
+        producer, self._producer = self._producer, None
+        producer.purge()
+        producer.close()
 
     def produce(self, topic: str, value=None, key=None, partition: int | None = None,
                 on_delivery: Callable | None = None) -> None:

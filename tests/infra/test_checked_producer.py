@@ -100,3 +100,24 @@ def test_broker_killed_mid_produce_loses_no_acked_record(private_stack):
     print(f"acked {report.acked}, lost {report.lost}, delivered twice {report.twice}")
     assert report.acked > 100
     assert not report.lost, f"acknowledged records lost: {report.lost}"
+
+
+def test_a_dropped_producer_is_freed_at_once_and_close_stops_it(stack):
+    """No reference cycle through the C producer's callbacks: a producer nobody holds is freed when
+    dropped, not at a later garbage collection (meanwhile it kept reconnecting to brokers that may
+    be gone). `close` drops what was not acknowledged and may be called twice."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        producer = make_producer(stack.kafka)
+        ref = weakref.ref(producer)
+        del producer
+        assert ref() is None
+    finally:
+        gc.enable()
+    producer = make_producer(stack.kafka)
+    producer.produce("streamrft-test-never-created", value=b"x")
+    producer.close()
+    producer.close()
