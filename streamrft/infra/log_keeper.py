@@ -48,6 +48,7 @@ class KeeperStats:
     unmergeable: int = 0  # compressed / transactional / control / unreadable batches left as they are
     errors: int = 0
     objects: dict[str, int] = field(default_factory=dict)  # partition prefix -> objects after the last pass
+    list_s: float = 0.0  # the last pass's listing of the bucket, seconds
 
 
 @dataclass
@@ -59,7 +60,15 @@ class _Obj:
 
 
 DUTY_REST = 4.0
-"""Seconds of rest after a pass, per second the pass took (at least `every_s`)."""
+"""Seconds of rest after a pass, per second its listing of the bucket took (at least `every_s`)."""
+
+
+def rest_after(stats: KeeperStats, every_s: float) -> float:
+    """The wait before the next pass. It grows with the listing (a bucket of many topics: a test
+    session's), never with the merging: merging is the work the broker's writes made, and a
+    keeper that rested 4x a long merge fell behind for good (a pass of 7,161 objects took 287 s
+    and was followed by 19 minutes of rest while partitions grew by thousands of objects)."""
+    return max(every_s, DUTY_REST * stats.list_s)
 
 
 def _base(name: str) -> int:
@@ -222,8 +231,10 @@ class LogKeeper:
             self.stats.errors += 1
             log.warning("finishing an interrupted roll-up failed: %s: %s", type(e).__name__, e)
             return self.stats
-        now = time.time()
-        for prefix, objs in self.layout().items():
+        now = t0 = time.time()
+        layout = self.layout()
+        self.stats.list_s = time.time() - t0
+        for prefix, objs in layout.items():
             if stop is not None and stop.is_set():
                 break
             try:
@@ -277,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("pass %d failed: %s: %s", keeper.stats.passes, type(e).__name__, e)
             continue
         finally:
-            # a pass that takes long (a bucket of many topics) is followed by a longer rest: the
-            # keeper and the S3 server's listing for it stay under a fifth of a core
-            wait = max(args.every_s, DUTY_REST * (time.monotonic() - t0))
+            # a listing that takes long (a bucket of many topics) is followed by a longer rest: the
+            # listing's cost to the keeper and the S3 server stays under a fifth of a core
+            wait = rest_after(keeper.stats, args.every_s)
         if keeper.stats.merged_objects > before:
             log.info("pass %d: rolled %d objects up in %.1f s; largest partition now %d objects",
                      keeper.stats.passes, keeper.stats.merged_objects - before, time.monotonic() - t0,

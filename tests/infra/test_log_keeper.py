@@ -129,3 +129,12 @@ def test_a_journal_whose_write_never_happened_deletes_nothing(stack, namespace):
     keeper.finish_pending()  # killed before the merged write: the originals are the only copies
     assert sorted(_objects(client, topic)[0]) == names
     assert [m.value() for m in read_topic(kafka, topic)] == [b"0", b"1", b"2"]
+
+
+def test_the_rest_after_a_pass_grows_with_its_listing_not_its_merging():
+    from streamrft.infra.log_keeper import DUTY_REST, KeeperStats, rest_after
+
+    assert rest_after(KeeperStats(list_s=0.1), every_s=5.0) == 5.0  # a run's broker: every 5 s
+    assert rest_after(KeeperStats(list_s=2.0), every_s=5.0) == DUTY_REST * 2.0  # many topics: a longer rest
+    merged_long = KeeperStats(list_s=0.2, merged_objects=7161)  # a pass that merged for minutes
+    assert rest_after(merged_long, every_s=5.0) == 5.0

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
