@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from streamrft.producers.once import OnceWindow
 from streamrft.schemas import ExplorerLedger, GroupDropped
 
 LEASE_S = 20.0
@@ -104,7 +105,7 @@ class AdmissionView:
     me: str
     lease_s: float = LEASE_S
     ledgers: dict[str, Ledger] = field(default_factory=dict)
-    dropped_ids: set[str] = field(default_factory=set)
+    dropped_ids: OnceWindow = field(default_factory=OnceWindow)  # a redelivered drop counts once
 
     def apply(self, record: ExplorerLedger | GroupDropped, now: float) -> None:
         if isinstance(record, GroupDropped):
@@ -117,7 +118,7 @@ class AdmissionView:
 
     @property
     def dropped(self) -> int:
-        return len(self.dropped_ids)
+        return self.dropped_ids.count
 
     def oldest_in_flight(self, now: float) -> int | None:
         """The oldest weight version another process is generating with now (None: none is)."""

@@ -25,6 +25,7 @@ from streamrft.infra.kafka import decoded, ensure_topics, flush_or_raise, make_c
 from streamrft.infra.offset_gaps import OffsetGaps, assign_guarded, take_contiguous
 from streamrft.producers.admission import LEASE_S, REFRESH_S, AdmissionView, Ledger
 from streamrft.producers.fold_snapshot import FoldSnapshots
+from streamrft.producers.once import OnceWindow
 from streamrft.schemas import ExplorerLedger, GroupDropped, encode, topic_name
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class AdmissionLog:
             for explorer_id, (produced, in_flight, version) in self._ledgers.items():
                 if explorer_id != self.id:
                     self.view.ledgers[explorer_id] = Ledger(produced, in_flight, version, now)
-            self.view.dropped_ids = set(snap[1]["dropped"])
+            self.view.dropped_ids = OnceWindow.from_state(snap[1]["dropped"])
 
     def _advance(self, msgs) -> None:
         """Past the records just folded; now and then, a snapshot of the fold there."""
@@ -269,7 +270,7 @@ class AdmissionLog:
 
     def state(self) -> dict:  # lock held
         """The fold so far: every process's ledger and the dropped groups' ids."""
-        return {"ledgers": {k: list(v) for k, v in self._ledgers.items()}, "dropped": sorted(self.view.dropped_ids)}
+        return {"ledgers": {k: list(v) for k, v in self._ledgers.items()}, "dropped": self.view.dropped_ids.state()}
 
     def _run(self) -> None:
         # a reservation waits for its record to come back. Measured on the embedded broker: 157 ms

@@ -6,8 +6,9 @@ offsets N (one per partition) is the same in every process, and any of them may 
 `s3://<bucket>/<ns>/folds/<name>.msgpack` holds `{next: {partition: N}, state: ...}` (msgpack; each
 fold names its own state), rewritten by whichever explorer last folded `min_records` records past
 it, at most every `every_s`. A process that starts reads it and assigns each partition at its N; a
-missing or unreadable snapshot is a fold from offset 0, as before. What a snapshot holds grows with the run (the group ids each fold
-counts once), one object per fold, rewritten in place.
+missing or unreadable snapshot is a fold from offset 0, as before. A snapshot is bounded: each fold
+counts a group once among the newest 50,000 group ids (`once.OnceWindow`), not among all of the
+run's; one object per fold, rewritten in place.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from streamrft.config import DifficultyParams, TaskSelectorConfig
+from streamrft.producers.once import OnceWindow
 from streamrft.schemas import Task, TaskOutcome
 
 UNSEEN_WEIGHT = 0.25
@@ -28,13 +29,12 @@ class TaskStats:
         self.window = window
         self._rewards: dict[str, deque[float]] = {}
         self._frozen: dict[str, tuple[float, ...]] = {}
-        self._seen: set[str] = set()  # group ids: grows with the run (~100 bytes a group)
+        self._seen = OnceWindow()  # the newest group ids: a redelivered outcome counts once
 
     def add(self, outcome: TaskOutcome) -> bool:
         """Fold one group's outcome in; False when its group was counted already."""
-        if outcome.group_id in self._seen:
+        if not self._seen.add(outcome.group_id):
             return False
-        self._seen.add(outcome.group_id)
         kept = self._rewards.setdefault(outcome.task_id, deque(maxlen=self.window))
         kept.extend(outcome.rewards)
         self._frozen[outcome.task_id] = tuple(kept)
@@ -43,13 +43,13 @@ class TaskStats:
     def state(self) -> dict:
         """Everything folded so far, for a snapshot (`fold_snapshot.py`)."""
         return {"window": self.window, "rewards": {t: list(r) for t, r in self._rewards.items()},
-                "seen": sorted(self._seen)}
+                "seen": self._seen.state()}
 
     def restore(self, state: dict) -> None:
         """Start from a snapshot's `state()` (before any `add`)."""
         self._rewards = {t: deque(map(float, r), maxlen=self.window) for t, r in state["rewards"].items()}
         self._frozen = {t: tuple(r) for t, r in self._rewards.items()}
-        self._seen = set(state["seen"])
+        self._seen = OnceWindow.from_state(state["seen"])
 
     def rewards(self, task_id: str) -> tuple[float, ...]:
         """The task's newest episode rewards, oldest first (empty: never scored)."""
@@ -57,7 +57,7 @@ class TaskStats:
 
     @property
     def groups(self) -> int:
-        return len(self._seen)
+        return self._seen.count
 
     def __len__(self) -> int:
         return len(self._frozen)
