@@ -17,7 +17,9 @@ Loop (`--loop-config`): `streamrft run` on that config for `--loop-minutes` (max
 step limit lifted), the keeper on or off (`--loop-keeper`); it prints versions and trajectories per minute from the run's
 progress lines, the zero-variance share from stream ops' metrics (a converged run filters most
 groups: fewer versions a minute for that reason is not a slowdown), and objects per partition of
-the run's topics at the end.
+the run's topics at the end. `--set KEY=VALUE` adds config overrides: with
+`stream_ops.drop_zero_variance=false` every group is trained, so versions a minute measure the
+loop's cost alone, not how much of the policy is still to learn.
 """
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ def probe(requests: int, keeper: bool, read_s: float, per_request: int = 1) -> d
             proxy.close()
 
 
-def loop(config: str, minutes: float, workdir: Path, keeper: bool = True) -> None:
+def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overrides: list[str] = ()) -> None:
     from minio import Minio
 
     from streamrft.infra.stack import S3_KEY, TANSU_BUCKET, EmbeddedStack
@@ -109,7 +111,7 @@ def loop(config: str, minutes: float, workdir: Path, keeper: bool = True) -> Non
     stack_dir = workdir / "stack"
     cmd = [str(Path(sys.executable).parent / "streamrft"), "run", config, f"stack.data_dir={stack_dir}",
            f"output_dir={workdir / 'out'}", f"max_wall_s={int(minutes * 60)}", "trainer.max_steps=100000",
-           f"stack.log_keeper.enabled={str(keeper).lower()}"]
+           f"stack.log_keeper.enabled={str(keeper).lower()}", *overrides]
     print("loop:", " ".join(cmd), flush=True)
     progress = re.compile(r"^\[\s*(\d+)s\] step\s+\d+\s+version\s+(\d+).*trajectories (\d+)")
     points, profiles = [], 0
@@ -256,6 +258,8 @@ def main() -> None:
     ap.add_argument("--loop-minutes", type=float, default=30.0)
     ap.add_argument("--loop-keeper", choices=("on", "off"), default="on")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the loop, e.g. stream_ops.drop_zero_variance=false (repeatable)")
     args = ap.parse_args()
     if args.requests:
         rows = [probe(args.requests, keeper, args.read_s, args.records_per_request) for keeper in (False, True)]
@@ -271,7 +275,7 @@ def main() -> None:
               f"S3 requests per fetch listing {off['s3_per_listing']:.1f} -> {on['s3_per_listing']:.1f}")
     if args.loop_config:
         workdir = Path(args.workdir or tempfile.mkdtemp(prefix="broker-growth-"))
-        loop(args.loop_config, args.loop_minutes, workdir, args.loop_keeper == "on")
+        loop(args.loop_config, args.loop_minutes, workdir, args.loop_keeper == "on", args.set)
 
 
 if __name__ == "__main__":
