@@ -212,7 +212,7 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
         _write_roles(out / "roles.json", procs)
         follower = MetricsFollower(cfg.kafka, cfg.namespace, metric_logger)
         follower.start_lag_thread()
-        last_line, lines = 0.0, 0
+        last_line, lines, last_profile = 0.0, 0, None
         deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
         while procs["trainer"].poll() is None or procs["trainer"].returncode != 0:
             view = follower.poll(0.5)
@@ -233,7 +233,8 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
                 print(view.line(), flush=True)
                 lines += 1
                 if lines % 6 == 0:  # every 30 s: where the time goes
-                    print(view.profile(), flush=True)
+                    last_profile = view.profile()
+                    print(last_profile, flush=True)
             if deadline and time.monotonic() > deadline:
                 print(f"max_wall_s={cfg.max_wall_s} reached: stopping", flush=True)
                 break
@@ -262,7 +263,8 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
     plot_curve(out / "reward_curve.png", view.evals, view.train_rewards,
                f"T={ev.temperature:g}, {ev.samples} per task" if ev.temperature > 0 else "greedy")
     trajectories = view.trajectories
-    print(view.profile(), flush=True)
+    if view.profile() != last_profile:  # the run's last word on where the time went, once
+        print(view.profile(), flush=True)
     print(f"reward curve: {out / 'reward_curve.png'}; logs: {out / 'logs'}; metrics: "
           f"{', '.join(cfg.monitor.backends) or 'no backend'} under {out}", flush=True)
     if cfg.monitor.dashboard.enabled:
