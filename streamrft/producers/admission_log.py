@@ -80,11 +80,16 @@ class AdmissionLog:
         self._stop.set()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=30)
-        if self._producer is not None and self.failed is None:
-            with self._lock:
-                self.in_flight = 0
-                self._publish()
-            flush_or_raise(self._producer)
+        if self._producer is not None:
+            try:
+                if self.failed is None:
+                    with self._lock:
+                        self.in_flight = 0
+                        self._publish()
+                    flush_or_raise(self._producer)
+            finally:
+                self._producer.close()
+                self._producer = None  # stopped: a second stop() does nothing
 
     def counts(self) -> Counts:
         """(generated, dropped, oldest in flight): groups every explorer generated or is generating,

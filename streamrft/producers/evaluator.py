@@ -85,8 +85,11 @@ class Evaluator:
                     self.stop.wait(0.2)
         finally:
             self.watcher.stop()
-            flush_or_raise(self.producer)
-            self.prom.close()
+            try:
+                flush_or_raise(self.producer)
+            finally:
+                self.producer.close()
+                self.prom.close()
         return {**self.stats, "scores": self.scores}
 
 

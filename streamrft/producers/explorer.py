@@ -205,8 +205,11 @@ class Explorer:
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                           "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"],
                           **self._timings(t_start)})  # the last profile keeps the explorers' stages
-            flush_or_raise(self.producer)
-            self.prom.close()
+            try:
+                flush_or_raise(self.producer)
+            finally:
+                self.producer.close()
+                self.prom.close()
         return self.stats
 
 

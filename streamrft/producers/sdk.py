@@ -34,4 +34,7 @@ class RolloutPublisher:
         return group
 
     def close(self) -> None:
-        flush_or_raise(self.producer)
+        try:
+            flush_or_raise(self.producer)
+        finally:
+            self.producer.close()

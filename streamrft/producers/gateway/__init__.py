@@ -149,10 +149,14 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
         watcher.stop()
         admission.stop()
         publish_metrics()
-        with metrics_lock:
-            flush_or_raise(metrics_producer)
-        with publishing:
-            flush_or_raise(producer)
+        try:
+            with metrics_lock:
+                flush_or_raise(metrics_producer)
+            with publishing:
+                flush_or_raise(producer)
+        finally:
+            metrics_producer.close()
+            producer.close()
         log.info("gateway stopped: %s", {t: dict(c) for t, c in groups.counters.items()})
 
     app = create_app(gw, on_start, on_stop)
