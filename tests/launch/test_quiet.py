@@ -1,5 +1,6 @@
-"""The launcher's and roles' consoles: no transformers bars for tiny loads and saves, no DeepSpeed
-"Setting accelerator to CPU" warning, while streamrft's own bars and real warnings stay."""
+"""The launcher's and roles' consoles: no transformers or datasets bars for tiny loads and saves,
+no DeepSpeed "Setting accelerator to CPU" warning, while streamrft's own bars and real warnings
+stay."""
 from __future__ import annotations
 
 import subprocess
@@ -20,10 +21,14 @@ build_tiny_model(path, build_char_tokenizer("abc"), hidden_size=16, layers=1, he
 load_policy(path)
 from deepspeed.accelerator import get_accelerator
 get_accelerator()
+from datasets import load_dataset
+rows = path + ".jsonl"
+open(rows, "w").write('{"prompt": "p", "answer": "a"}\\n')
+load_dataset("json", data_files=rows, cache_dir=path + "-cache")
 logging.getLogger("DeepSpeed").warning("a real DeepSpeed warning")
 """
 
-NOISE = ("Loading weights", "Writing model shards", "Setting accelerator to CPU")
+NOISE = ("Loading weights", "Writing model shards", "Setting accelerator to CPU", "Generating train split")
 
 
 def _run(mode: str, tmp_path: Path) -> str:
