@@ -24,6 +24,7 @@ import torch
 from streamrft.config import RunConfig
 from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
 from streamrft.consumers.sft_mix import sft_loss
+from streamrft.engine.precision import usable_autocast
 
 
 class Objective:
@@ -120,8 +121,8 @@ class UpdateLoop:
         self._sft_step = None if sft is None else (sft.batch(self.state.step), sft.mu(self.state.step))
         self.model.train()
         device = next(self.model.parameters()).device
-        autocast = torch.autocast(device.type, dtype=getattr(torch, self.tc.autocast or "float32"),
-                                  enabled=self.tc.autocast is not None)
+        amp = usable_autocast(device.type, self.tc.autocast)  # bf16 on a CPU without bf16 kernels: float32
+        autocast = torch.autocast(device.type, dtype=getattr(torch, amp or "float32"), enabled=amp is not None)
         updates = self.tc.ppo_epochs * self.tc.mini_batches
         # decoupled PPO clips against the proximal policy: the weights at the start of this batch,
         # their log-probs computed once (with one update per batch they equal the current ones)

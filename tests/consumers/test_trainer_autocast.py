@@ -7,8 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def test_autocast_computes_in_bf16_and_keeps_float32_weights(stack, namespace, trainer_config, kit):
+def test_autocast_computes_in_bf16_and_keeps_float32_weights(stack, namespace, trainer_config, kit, monkeypatch):
+    import streamrft.engine.precision as precision
     from streamrft.consumers.trainer import Trainer
+
+    # bfloat16 as on a CPU with bf16 kernels (without them the trainer keeps float32: test_precision.py)
+    monkeypatch.setattr(precision, "cpu_bf16_fast", lambda: True)
+    precision.usable_autocast.cache_clear()
 
     kit.produce(stack.kafka, namespace, [kit.group("A", 0)])
     cfg = trainer_config(stack, "trainer.autocast=bfloat16", "trainer.batch_groups=1", "trainer.max_steps=1")
