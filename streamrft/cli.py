@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from streamrft.infra.stack import embedded_stack, resolve_clients
-from streamrft.launch.commands import add_role_parsers, config_args as _config_args
+from streamrft.launch.commands import add_role_parsers, dispatch, config_args as _config_args
 
 
 def _stack_args(p: argparse.ArgumentParser) -> None:
@@ -267,14 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from streamrft.config import ConfigError
-
-    args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args) or 0
-    except ConfigError as e:
-        print(f"streamrft: {e}", file=sys.stderr)
-        return 2
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":

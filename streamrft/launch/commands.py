@@ -149,18 +149,23 @@ def add_role_parsers(sub) -> None:
     p.set_defaults(fn=cmd_train)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One role command (a forked role's entry point)."""
+def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Parse `argv` and run the chosen command; a bad config exits 2 with its message."""
     from streamrft.config import ConfigError
 
-    parser = argparse.ArgumentParser(prog="streamrft", description="A streamrft role.")
-    add_role_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:
         return args.fn(args) or 0
     except ConfigError as e:
         print(f"streamrft: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One role command (a forked role's entry point)."""
+    parser = argparse.ArgumentParser(prog="streamrft", description="A streamrft role.")
+    add_role_parsers(parser.add_subparsers(dest="command", required=True))
+    return dispatch(parser, argv)
 
 
 if __name__ == "__main__":

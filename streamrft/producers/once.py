@@ -37,9 +37,6 @@ class OnceWindow:
     def __contains__(self, key: str) -> bool:
         return key in self._recent
 
-    def __len__(self) -> int:
-        return self.count
-
     def state(self) -> dict:
         return {"count": self.count, "recent": list(self._recent)}
 
