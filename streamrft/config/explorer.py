@@ -29,7 +29,8 @@ class EngineConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The rollout engine's weights (None: `model.dtype`). Versions arrive in the trainer's dtype and
     are cast on load. `bfloat16` samples 2.4x faster than float32 on a CPU with AVX512-BF16
-    (`benchmarks/cpu_train_step.py`); behaviour log-probs then differ from the trainer's float32
+    (`benchmarks/cpu_train_step.py`), and ~2x slower on a CPU without bfloat16 kernels, where the
+    transformers engine keeps float32 and warns (`engine/precision.py`); behaviour log-probs then differ from the trainer's float32
     recomputation by bf16 rounding (the importance ratio absorbs it; `trainer.autocast` narrows it)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vLLM only: the share of the GPU's total memory it may take (weights, activations, CUDA graphs,

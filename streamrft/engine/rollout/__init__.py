@@ -32,6 +32,10 @@ def engine_from_config(cfg) -> RolloutEngine:
     extra = ({"gpu_memory_utilization": e.gpu_memory_utilization, "kv_cache_gib": e.kv_cache_gib, "lora": cfg.model.lora}
              if e.type == "vllm" else {})
     dtype = e.dtype or cfg.model.dtype
+    if e.type == "transformers":  # vLLM runs on GPUs, where bfloat16 is as asked
+        from streamrft.engine.precision import usable_dtype
+
+        dtype = usable_dtype(e.device, dtype)
     engine = make_engine(e.type, cfg.model.path, device=e.device, dtype=dtype, max_batch=e.max_batch, **extra)
     logging.getLogger(__name__).info("rollout engine: %s on %s, %s", e.type, e.device, dtype)
     return engine
