@@ -14,7 +14,8 @@ The rate is capped at what `--read-s` allows: a consumer that reads everything i
 real rate.
 
 Loop (`--loop-config`): `streamrft run` on that config for `--loop-minutes` (max_wall_s set, the
-step limit lifted), the keeper on or off (`--loop-keeper`); it prints versions and trajectories per minute from the run's
+step limit lifted), the keeper on or off (`--loop-keeper`; `both`: first a run with the keeper off
+for `--off-minutes`, then one with it on, each on its own stack, and the two side by side); it prints versions and trajectories per minute from the run's
 progress lines, the zero-variance share from stream ops' metrics (a converged run filters most
 groups: fewer versions a minute for that reason is not a slowdown), and objects per partition of
 the run's topics at the end. `--set KEY=VALUE` adds config overrides: with
@@ -103,11 +104,12 @@ def probe(requests: int, keeper: bool, read_s: float, per_request: int = 1) -> d
             proxy.close()
 
 
-def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overrides: list[str] = ()) -> None:
+def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overrides: list[str] = ()) -> dict | None:
     from minio import Minio
 
     from streamrft.infra.stack import S3_KEY, TANSU_BUCKET, EmbeddedStack
 
+    workdir.mkdir(parents=True, exist_ok=True)
     stack_dir = workdir / "stack"
     cmd = [str(Path(sys.executable).parent / "streamrft"), "run", config, f"stack.data_dir={stack_dir}",
            f"output_dir={workdir / 'out'}", f"max_wall_s={int(minutes * 60)}", "trainer.max_steps=100000",
@@ -128,12 +130,14 @@ def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overri
                 print(line.rstrip(), flush=True)
     if not points:
         print("loop: no progress lines")
-        return
-    es = EmbeddedStack(stack_dir)
-    state = es.up()  # the run stopped the stack it started: up again to read what it left
+        return None
+    # the run stopped the stack it started: up again to read what it left. With the keeper off its
+    # topics are as unreadable as they are slow for the loop (the point of the run): objects only
+    es = EmbeddedStack(stack_dir, log_keeper={"enabled": keeper})
+    state = es.up()
     try:
-        filtered = _filtered_by_minute(state)
-        replays = _replay_rates(state)
+        filtered = _filtered_by_minute(state) if keeper else {}
+        replays = _replay_rates(state) if keeper else {}
         client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
         counts: dict[str, int] = {}
         for o in client.list_objects(TANSU_BUCKET, prefix="clusters/tansu_cluster/topics/", recursive=True):
@@ -153,7 +157,7 @@ def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overri
             rows.append((start // 60, (inside[-1][1] - inside[0][1]) * 60 / span,
                          (inside[-1][2] - inside[0][2]) / span, zv))
             print(f"{rows[-1][0]:6d}  {rows[-1][1]:12.1f}  {rows[-1][2]:14.1f}  {'-' if zv is None else f'{zv:.2f}'}")
-    plot(rows, workdir / "loop_curve.png", config)
+    plot(rows, workdir / "loop_curve.png", config, keeper)
     print(f"curve: {workdir / 'loop_curve.png'}")
     first = [pt for pt in points if pt[0] < 300]
     last = [pt for pt in points if pt[0] >= t_end - 600]
@@ -169,6 +173,37 @@ def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overri
         print(f"objects at the end {n:6d}  {key}")
     for topic, (n, secs) in replays.items():
         print(f"read from offset 0 after the run: {topic}: {n} records in {secs:.2f} s ({n / max(secs, 1e-9):,.0f}/s)")
+    return {"keeper": keeper, "minutes": t_end / 60, "rows": rows, "versions": (rate(first, 1), rate(last, 1)),
+            "trajectories": (rate(first, 2), rate(last, 2)),
+            "max_objects": max(counts.values(), default=0)}
+
+
+def side_by_side(runs: list[dict], path: Path, title: str) -> None:
+    """The keeper-off and keeper-on runs' rates in one table and one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    print(f"{'keeper':7} {'minutes':>8} {'versions/min first 5':>21} {'last 10':>8} {'ratio':>6} "
+          f"{'trajectories/s first 5':>23} {'last 10':>8} {'ratio':>6} {'most objects in a partition':>28}")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for r in runs:
+        (v0, v1), (t0, t1) = r["versions"], r["trajectories"]
+        print(f"{'on' if r['keeper'] else 'off':7} {r['minutes']:8.1f} {v0:21.1f} {v1:8.1f} {v1 / max(v0, 1e-9):6.2f} "
+              f"{t0:23.1f} {t1:8.1f} {t1 / max(t0, 1e-9):6.2f} {r['max_objects']:28d}")
+        ax.plot([row[0] for row in r["rows"]], [row[1] for row in r["rows"]], ".-",
+                label=f"keeper {'on' if r['keeper'] else 'off'}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("minute of the run")
+    ax.set_ylabel("versions / min")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    print(f"side by side: {path}")
 
 
 def _replay_rates(state) -> dict[str, tuple[int, float]]:
@@ -188,7 +223,7 @@ def _replay_rates(state) -> dict[str, tuple[int, float]]:
     return out
 
 
-def plot(rows: list[tuple], path: Path, title: str) -> None:
+def plot(rows: list[tuple], path: Path, title: str, keeper: bool = True) -> None:
     """Versions a minute, trajectories a second and the zero-variance share, minute by minute."""
     import matplotlib
 
@@ -201,7 +236,7 @@ def plot(rows: list[tuple], path: Path, title: str) -> None:
     a.plot(minutes, [r[2] for r in rows], ".-", label="trajectories / s")
     a.set_ylim(bottom=0)
     a.legend(loc="upper right")
-    a.set_title(f"{title}, embedded stack with the log keeper")
+    a.set_title(f"{title}, embedded stack, log keeper {'on' if keeper else 'off'}")
     b.plot(minutes, [r[3] if r[3] is not None else float("nan") for r in rows], ".-", color="C2")
     b.set_ylabel("zero-variance share")
     b.set_ylim(0, 1.02)
@@ -256,7 +291,8 @@ def main() -> None:
     ap.add_argument("--read-s", type=float, default=20.0)
     ap.add_argument("--loop-config")
     ap.add_argument("--loop-minutes", type=float, default=30.0)
-    ap.add_argument("--loop-keeper", choices=("on", "off"), default="on")
+    ap.add_argument("--loop-keeper", choices=("on", "off", "both"), default="on")
+    ap.add_argument("--off-minutes", type=float, default=15.0, help="the keeper-off run's length with --loop-keeper both")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the loop, e.g. stream_ops.drop_zero_variance=false (repeatable)")
@@ -275,7 +311,12 @@ def main() -> None:
               f"S3 requests per fetch listing {off['s3_per_listing']:.1f} -> {on['s3_per_listing']:.1f}")
     if args.loop_config:
         workdir = Path(args.workdir or tempfile.mkdtemp(prefix="broker-growth-"))
-        loop(args.loop_config, args.loop_minutes, workdir, args.loop_keeper == "on", args.set)
+        if args.loop_keeper != "both":
+            loop(args.loop_config, args.loop_minutes, workdir, args.loop_keeper == "on", args.set)
+            return
+        runs = [loop(args.loop_config, args.off_minutes, workdir / "keeper-off", False, args.set),
+                loop(args.loop_config, args.loop_minutes, workdir / "keeper-on", True, args.set)]
+        side_by_side([r for r in runs if r], workdir / "loop_side_by_side.png", args.loop_config)
 
 
 if __name__ == "__main__":
