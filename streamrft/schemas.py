@@ -20,7 +20,9 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 from pydantic_core import core_schema as cs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the first wire format. 2: `Trajectory.turn_versions` (an episode whose turns different weight
+versions sampled). A version 1 record still decodes: its tokens are all its `model_version`'s."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 LOGPROB_MAX = 1e-4  # engines' float rounding can leave a sampled token's log-prob a hair above 0
 MAX_JSON_DEPTH = 10  # arrays/objects nested in a free-form field, the field's own object included
@@ -182,7 +184,12 @@ class Trajectory(Message):
     group_id: Id = Field(description="in a group: equal to the group's group_id")
     task_id: Id = Field(description="in a group: equal to the group's task.task_id")
     team: Team = Field("default", description="in a group: equal to the group's team")
-    model_version: Count = Field(description="weight version that generated it")
+    model_version: Count = Field(description="weight version that generated it (the oldest, with turn_versions)")
+    turn_versions: list[Count] | None = Field(
+        None, min_length=2,
+        description="multi-turn, schema >= 2: the weight version of each model turn in order, where an episode's "
+                    "turns were sampled by more than one version (weights swapped between turns); "
+                    "model_version is their minimum. None: every token is model_version's")
     prompt_ids: list[Count] = Field(min_length=1, description="the prompt's token ids")
     response_ids: list[Count] = Field(description="every token after the prompt, as sampled")
     logprobs: list[LogProb] = Field(
@@ -202,6 +209,16 @@ class Trajectory(Message):
         if v is not None and len(v) != n:
             raise ValueError(f"{info.field_name} has {len(v)} entries for {n} response tokens")
         return v
+
+    @model_validator(mode="after")
+    def _turn_versions(self) -> "Trajectory":
+        if self.turn_versions is not None:
+            if self.schema_version < 2:
+                raise ValueError("turn_versions needs schema >= 2")
+            if min(self.turn_versions) != self.model_version:
+                raise ValueError(f"model_version {self.model_version} is not the oldest of turn_versions "
+                                 f"{self.turn_versions}")
+        return self
 
     def mask(self) -> list[int]:
         return self.loss_mask if self.loss_mask is not None else [1] * len(self.response_ids)

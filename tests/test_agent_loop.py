@@ -1,6 +1,8 @@
 """Agentic RL end to end on the real embedded stack: `streamrft run examples/agent_cpu.yaml` (the
 guess-the-number environment, warm-up demonstrations, explorers -> faust stream ops -> trainer ->
-S3 -> explorers) for a few steps, with the `multi_turn` and the `step_wise` workflow. Every
+S3 -> explorers) for a few steps: the `multi_turn` workflow in lockstep, and the `step_wise` one
+with episodes scheduled one by one (`explorer.scheduling: per_episode`) in an environment whose
+every step waits a seeded delay (`explorer.env.latency`). Every
 trajectory is accounted for as in the single-turn loop test: each rollout group below stream ops'
 committed offsets is an experience or a zero-variance group, and the trainer's trained + stale +
 duplicate equals the trajectories below its committed offsets, with no id trained twice.
@@ -26,27 +28,33 @@ STEPS = 4
 pytestmark = pytest.mark.slow
 
 
-def _overrides(stack, out: Path, workflow: str) -> list[str]:
+def _overrides(stack, out: Path, workflow: str, scheduling: str) -> list[str]:
+    slow = ([f"explorer.scheduling={scheduling}", "explorer.max_concurrent_episodes=16",
+             "explorer.env={type: guess_number, params: {low: 1, high: 8, max_guesses: 4}, "
+             "latency: {median_s: 0.02, p99_s: 0.2, seed: 0}}"] if scheduling == "per_episode" else [])
     return [
         *stack_overrides(stack, out),
         "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",
         "data.synthetic={task: guess_number, train_size: 200, eval_size: 16, seed: 0}",
         f"explorer.workflow={workflow}", "explorer.group_size=4", "explorer.tasks_per_batch=4",
         "trainer.batch_groups=4", "trainer.max_staleness=1", f"trainer.max_steps={STEPS}",
-        "eval.every_versions=2", "eval.max_tasks=16", "max_wall_s=null",
+        "eval.every_versions=2", "eval.max_tasks=16", "max_wall_s=null", *slow,
     ]
 
 
-@pytest.mark.parametrize("workflow", ["multi_turn", "step_wise"])
-def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workflow):
+@pytest.mark.parametrize("workflow,scheduling", [("multi_turn", "lockstep"), ("step_wise", "per_episode")])
+def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workflow, scheduling):
     from streamrft.stream_ops.scoring import build_scorer
 
-    res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(AGENT), *_overrides(stack, tmp_path, workflow)],
+    res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(AGENT),
+                          *_overrides(stack, tmp_path, workflow, scheduling)],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     final = [l for l in res.stdout.splitlines() if l.startswith("final:")]
     assert len(final) == 1, res.stdout
     assert dict(kv.split("=") for kv in final[0].removeprefix("final: ").split())["versions"] == str(STEPS)
+    if scheduling == "per_episode":  # the engine's stages: environment time is its own
+        assert any(l.startswith("profile:") and " env " in l for l in res.stdout.splitlines()), res.stdout
     run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
     cfg = load_config(run_dir / "config.yaml")
     ns, kafka = cfg.namespace, stack.kafka

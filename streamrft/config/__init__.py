@@ -20,7 +20,7 @@ from streamrft.config.base import (_FINITE, ADVANTAGE_TYPES, AGGREGATION_MODES, 
                                    ENV_TYPES, KL_ESTIMATOR_TYPES, OFFLINE_TYPES, POLICY_LOSS_TYPES, REWARD_NAMES,
                                    TASK_SELECTOR_TYPES, WORKFLOW_TYPES, ConfigError, Section, _Loader)
 from streamrft.config.explorer import (DataConfig, DifficultyParams, EngineConfig, EnvConfig, ExplorerConfig,
-                                       GatewayConfig, GatewayTeam, SamplingConfig, TaskSelectorConfig)
+                                       GatewayConfig, GatewayTeam, LatencyConfig, SamplingConfig, TaskSelectorConfig)
 from streamrft.config.model import LORA_TARGETS, PACKAGED_MODELS, PYPI_SOURCE, LoraSpec, ModelConfig, TinyModelSpec
 from streamrft.config.monitor import LOGGER_BACKENDS, DashboardConfig, MonitorConfig, PrometheusConfig
 from streamrft.config.stack import KafkaConfig, S3Config, StackConfig
@@ -32,7 +32,7 @@ __all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES
            "CLEANING_OP_TYPES", "OFFLINE_TYPES", "PACKAGED_MODELS", "POLICY_LOSS_TYPES", "PYPI_SOURCE", "REWARD_NAMES",
            "TASK_SELECTOR_TYPES", "WORKFLOW_TYPES",
            "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "DifficultyParams", "EngineConfig", "EnvConfig", "EvalConfig",
-           "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
+           "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LatencyConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
            "PartConfig", "PrometheusConfig", "ReplayBufferConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config",
            "SamplingConfig", "Section", "SftMixConfig", "StackConfig", "StageConfig", "StreamOpsConfig",
            "TaskSelectorConfig", "TinyModelSpec", "TrainerConfig", "WeightSyncConfig",

@@ -51,6 +51,23 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(32, ge=1)
 
 
+class LatencyConfig(Section):
+    """A seeded delay added to every environment step (`producers/envs/latency.py`): a realistic slow
+    tool (a sandbox, a web or database call, a simulator) made of any environment, its game unchanged."""
+
+    dist: Literal["lognormal"] = "lognormal"
+    median_s: float = Field(0.5, gt=0, **_FINITE)
+    p99_s: float = Field(5.0, gt=0, **_FINITE)
+    seed: int = Field(0, ge=0)
+    """Each environment draws from `Random(seed, episode number)`: a run's delays repeat."""
+
+    @model_validator(mode="after")
+    def _spread(self) -> "LatencyConfig":
+        if self.p99_s < self.median_s:
+            raise ValueError(f"p99_s={self.p99_s} is below median_s={self.median_s}")
+        return self
+
+
 class EnvConfig(Section):
     """The environment of the multi-turn workflows: a fresh `cls(**params)` per episode."""
 
@@ -60,6 +77,11 @@ class EnvConfig(Section):
     """`pkg.module:Class` for your own environment; wins over `type`."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment's constructor (e.g. `{high: 16, max_guesses: 5}`)."""
+    step_timeout_s: float = Field(60.0, gt=0, **_FINITE)
+    """Episodes scheduled one by one (`explorer.scheduling: per_episode`): a `reset`, `step` or
+    `close` that takes longer ends its episode with finish_reason `env_timeout`."""
+    latency: LatencyConfig | None = None
+    """Add a seeded delay to every step: `{dist: lognormal, median_s, p99_s, seed}`."""
 
     @model_validator(mode="after")
     def _named(self) -> "EnvConfig":
@@ -168,6 +190,25 @@ class ExplorerConfig(Section):
     torch_threads: int = Field(1, ge=1)
     max_groups: int | None = Field(None, ge=1)
     """Stop after publishing this many groups (None = until the run ends)."""
+    scheduling: Literal["lockstep", "per_episode"] = "lockstep"
+    """Multi-turn: `lockstep` plays a batch's episodes turn by turn together, stepping each
+    environment in turn (a slow step stalls the batch; a group goes out when the batch ends);
+    `per_episode` keeps up to `max_concurrent_episodes` episodes in flight, each advancing when its
+    environment has answered, the engine batching whatever prompts are ready, and publishes a group
+    as soon as its episodes have ended (`producers/workflows/scheduler.py`)."""
+    max_concurrent_episodes: int = Field(64, ge=1)
+    """`per_episode`: episodes in flight at most (whole groups: at least `group_size`)."""
+    env_threads: int = Field(16, ge=1)
+    """`per_episode`: threads that run a synchronous environment's `reset`/`step`/`close` (an `async def`
+    one runs on the explorer's event loop)."""
+    min_episodes_per_group: int | None = Field(None, ge=1)
+    """Episodes of a group that must end normally for the group to be published without those its
+    environment ended (`env_error`, `env_timeout`: never trained); else it is dropped and counted.
+    None: half the group, at least 1."""
+    swap: Literal["between_turns", "between_batches"] = "between_turns"
+    """`per_episode`: new weights are loaded between two engine calls, so an episode's turns may
+    come from different versions (each turn's is recorded; staleness counts from the oldest), or
+    only once every episode in flight has ended (admission pauses meanwhile)."""
     task_selector: TaskSelectorConfig = Field(default_factory=TaskSelectorConfig)
     """Which task next: `{type: sequential | random | difficulty, params}` or `{import_path, params}`
     (docs/curriculum.md). Tasks from a file only: with `data.source: topic`, tasks come in topic order."""
@@ -181,6 +222,17 @@ class ExplorerConfig(Section):
     def _env(self) -> "ExplorerConfig":
         if self.workflow_import_path is None and self.workflow != "single_turn" and self.env is None:
             raise ValueError(f"workflow={self.workflow!r} needs an environment: set explorer.env")
+        if self.scheduling == "per_episode":
+            if self.workflow_import_path is not None or self.workflow == "single_turn":
+                raise ValueError(f"scheduling='per_episode' schedules episodes of the multi-turn workflows "
+                                 f"['multi_turn', 'step_wise'] (got workflow={self.workflow!r}"
+                                 f"{', workflow_import_path' if self.workflow_import_path else ''})")
+            if self.max_concurrent_episodes < self.group_size:
+                raise ValueError(f"max_concurrent_episodes={self.max_concurrent_episodes} is less than group_size="
+                                 f"{self.group_size}: a group's episodes start together")
+        if self.min_episodes_per_group is not None and self.min_episodes_per_group > self.group_size:
+            raise ValueError(f"min_episodes_per_group={self.min_episodes_per_group} is more than group_size="
+                             f"{self.group_size}")
         return self
 
 

@@ -188,21 +188,31 @@ class CheckedProducer:
         deadline = time.monotonic() + timeout
         while self._pending:
             self._producer.flush(max(0.0, min(0.5, deadline - time.monotonic())))
-            if self._fatal is not None:
-                self._replace()
-            for seq, err in list(self._failed.items()):
-                if seq not in self._pending:
-                    self._failed.pop(seq)
-                elif not _resendable(err):
-                    topic = self._pending[seq][0]
-                    raise DeliveryError(f"record to {topic} rejected by the broker: {err.name()}: {err.str()}")
-                elif time.monotonic() < deadline:
-                    del self._failed[seq]
-                    self._send(seq)
-                    self.resent += 1
+            self._settle(resend=time.monotonic() < deadline)
             if time.monotonic() >= deadline:
                 break
         return len(self._pending)
+
+    def serve(self) -> None:
+        """`flush` without waiting, for a publisher that never blocks on the broker: serve the delivery
+        reports there are, send again what failed for a transient reason (replacing a fatally failed
+        producer), and raise `DeliveryError` for a record rejected for itself."""
+        self._producer.poll(0)
+        self._settle(resend=True)
+
+    def _settle(self, resend: bool) -> None:
+        if self._fatal is not None:
+            self._replace()
+        for seq, err in list(self._failed.items()):
+            if seq not in self._pending:
+                self._failed.pop(seq)
+            elif not _resendable(err):
+                topic = self._pending[seq][0]
+                raise DeliveryError(f"record to {topic} rejected by the broker: {err.name()}: {err.str()}")
+            elif resend:
+                del self._failed[seq]
+                self._send(seq)
+                self.resent += 1
 
     def last_errors(self) -> list[str]:
         return sorted({f"{e.name()}: {e.str()}" for e in self._failed.values()})

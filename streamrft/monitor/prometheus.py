@@ -26,7 +26,8 @@ COUNTERS = {
     "trainer": lambda k: k.startswith("count_"),
     "explorer": lambda k: k in {"groups", "trajectories", "swaps", "admission_waits", "slot_waits", "wall_s", "fetch_s",
                                 "generate_s", "publish_s", "reserve_s", "admission_wait_s", "slot_wait_s",
-                                "task_wait_s", "load_s", "eval_s"},
+                                "task_wait_s", "load_s", "eval_s", "env_s", "reserve_busy_s", "publish_busy_s",
+                                "env_errors", "env_timeouts", "groups_dropped_env", "generate_calls"},
     "stream_ops": lambda k: k in {"scored", "filtered", "dead_lettered", "score_s"},
     "eval": lambda k: k in {"evals", "load_s", "eval_s", "fetch_s"},  # the evaluator's; explorers' evals lack them
     "gateway": lambda k: k not in {"open_groups", "open_episodes", "version"},

@@ -13,10 +13,12 @@ from streamrft.producers.workflows import Workflow, make_workflow
 from streamrft.schemas import Task
 
 
-def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Task], cfg: RunConfig) -> float:
+def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Task], cfg: RunConfig,
+                      failures: dict | None = None) -> float:
     """Mean reward over the trajectories of the eval's completions or episodes of each task (greedy: one;
     sampled: `eval.samples`; step-wise: per step), each scored with `stream_ops.rewards` exactly as
-    stream ops score it."""
+    stream ops score it. `failures`: the workflow's count of episodes their environment ended
+    (`env_errors`, `env_timeouts`), each of which scores 0."""
     from streamrft.stream_ops.scoring import resolve_rewards, score_group
 
     if not tasks:
@@ -30,9 +32,14 @@ def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Tas
     groups = workflow(engine, tasks, params, version=engine.version, team=ex.team, chat=ex.chat_template)
     terms = resolve_rewards(cfg)
     rewards = [r for g in groups for r in score_group(g, terms, None, {}, False, "fifo").rewards]
+    failed = sum((failures or {}).get(k, 0) for k in ("env_errors", "env_timeouts"))
+    rewards += [0.0] * failed
     return sum(rewards) / len(rewards)
 
 
 def evaluate_run(engine: RolloutEngine, tasks: list[Task], cfg: RunConfig) -> float:
-    """The run's held-out eval reward, as its workflow plays the tasks."""
-    return evaluate_workflow(make_workflow(cfg.explorer), engine, tasks, cfg)
+    """The run's held-out eval reward, as its workflow plays the tasks: every episode that ended
+    normally is scored, every one its environment ended scores 0."""
+    failures: dict = {}
+    return evaluate_workflow(make_workflow(cfg.explorer, stats=failures, min_episodes=1), engine, tasks, cfg,
+                             failures)

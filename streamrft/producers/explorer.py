@@ -23,8 +23,10 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
@@ -44,10 +46,14 @@ from streamrft.stream_ops.rewards import check_tasks
 
 log = logging.getLogger(__name__)
 
-STAGES = ("generate_s", "publish_s", "reserve_s", "admission_wait_s", "slot_wait_s", "task_wait_s", "load_s", "eval_s")
-"""Where an explorer's loop spends its time (seconds, in its metrics): generating, publishing and
-waiting for the broker's acks, deciding its admission share, waiting for admission room, for a slot
-or for tasks, loading new weights into the engine, evaluating held-out."""
+STAGES = ("generate_s", "env_s", "publish_s", "reserve_s", "admission_wait_s", "slot_wait_s", "task_wait_s", "load_s",
+          "eval_s")
+"""Where an explorer's loop spends its time (seconds, in its metrics): generating, waiting for
+environments with nothing else to generate, publishing and waiting for the broker's acks, deciding
+its admission share, waiting for admission room, for a slot or for tasks, loading new weights into
+the engine, evaluating held-out. In lockstep the engine waits while the environments step;
+scheduled one by one (`episode_loop.py`) the stages are the engine's: publishing and reserving run
+beside it and are counted apart (`publish_busy_s`, `reserve_busy_s`)."""
 
 
 class Explorer:
@@ -89,19 +95,24 @@ class Explorer:
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.prom = role_metrics(cfg.monitor.prometheus, "explorer", index)
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
-                      **dict.fromkeys(STAGES, 0.0)}
+                      "env_errors": 0, "env_timeouts": 0, "groups_dropped_env": 0, **dict.fromkeys(STAGES, 0.0)}
 
     def _metric(self, values: dict[str, float], role: str = "explorer") -> None:
         m = Metric.of_finite(role, self.id, self.engine.version, values)
         self.prom.observe(m)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
 
+    def eval_due(self, evaluated: set[int], slots: frozenset[int]) -> bool:
+        """This explorer evaluates the version it holds now (`eval.runner: explorer`, slot 0)."""
+        cfg, v = self.cfg, self.engine.version
+        return not (cfg.eval.runner != "explorer" or 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0
+                    or v in evaluated or v % cfg.eval.every_versions)
+
     def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
         from streamrft.producers.evaluate import evaluate_run
 
         cfg, v = self.cfg, self.engine.version
-        if cfg.eval.runner != "explorer" or 0 not in slots or not cfg.data.eval or cfg.eval.every_versions <= 0 \
-                or v in evaluated or v % cfg.eval.every_versions:
+        if not self.eval_due(evaluated, slots):
             return
         evaluated.add(v)
         if self.eval_tasks is None:
@@ -131,70 +142,17 @@ class Explorer:
         tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=seed, selector=selector, stats=stats)
         if isinstance(tasks, FileTasks):  # a task its rewards cannot score is refused now, not dead-lettered later
             check_tasks(cfg.stream_ops.rewards, tasks.tasks)
-        workflow = make_workflow(ex)
+        run = _Run(tasks, reader, stats, selector)
         if reader is not None:
             reader.start()
         self.watcher.start()  # the membership and the admission log started before the engine's load
-        evaluated = set()
-        last_metric, t_start = time.monotonic(), time.monotonic()
         try:
-            while not self.stop.is_set():
-                load_s = self.watcher.swap_into(self.engine)
-                if load_s is not None:
-                    self.stats["load_s"] += load_s
-                    self.stats["swaps"] += 1
-                slots = self.members.slots
-                if not slots or not self.admission.caught_up.is_set():
-                    # not joined yet, more explorers than slots, or the admission counts not read yet
-                    self.stats["slot_waits"] += 1
-                    self._wait(0.2, "slot_wait_s")
-                    continue
-                t0 = time.monotonic()
-                self._maybe_eval(evaluated, slots)
-                self.stats["eval_s"] += time.monotonic() - t0
-                # headroom(generated, dropped, oldest_in_flight) with this engine's weights
-                room = partial(headroom, self.engine.version, self.watcher.latest_announced,
-                               cfg.trainer.max_staleness, self.per_version)
-                generated, dropped, oldest = self.admission.counts()
-                n = min(ex.tasks_per_batch, explorer_share(room(generated, dropped, oldest), slots,
-                                                           self.members.num_slots))
-                # of this share, what the records before the reservation on the admission topic leave
-                t0 = time.monotonic()
-                n = self.admission.reserve(n, self.engine.version, room) if n > 0 else 0
-                self.stats["reserve_s"] += time.monotonic() - t0
-                if n <= 0:
-                    self.stats["admission_waits"] += 1
-                    self._wait(0.05, "admission_wait_s")
-                    continue
-                if reader is not None and reader.failed is not None:
-                    raise RuntimeError("the task-stats reader stopped") from reader.failed
-                batch = tasks.take(n, slots, self.members.num_slots)
-                if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
-                    self.admission.end(0)
-                    self._wait(0.2, "task_wait_s")
-                    continue
-                t0 = time.monotonic()
-                groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
-                                  producer_id=self.id, chat=ex.chat_template)
-                self.stats["generate_s"] += time.monotonic() - t0
-                t0 = time.monotonic()
-                for g in groups:
-                    self.producer.produce(self.topic, key=g.group_id.encode(), value=encode(g))
-                flush_or_raise(self.producer)
-                self.admission.end(len(groups))
-                self.stats["publish_s"] += time.monotonic() - t0
-                self.stats["groups"] += len(groups)
-                self.stats["trajectories"] += sum(len(g.trajectories) for g in groups)
-                if time.monotonic() - last_metric > 5:
-                    last_metric = time.monotonic()
-                    self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
-                                  "traj_per_s": self.stats["trajectories"] / (last_metric - t_start),
-                                  "version": self.engine.version, "swaps": self.stats["swaps"],
-                                  "slots": len(slots), "admission_waits": self.stats["admission_waits"],
-                                  "run_generated": generated, "run_dropped": dropped, **self._timings(t_start),
-                                  "task_stats_groups": stats.groups, "tasks_skipped": getattr(selector, "skipped", 0)})
-                if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
-                    break
+            if ex.scheduling == "per_episode":
+                from streamrft.producers.episode_loop import EpisodeLoop
+
+                EpisodeLoop(self, run).run()
+            else:
+                self._lockstep(run)
         finally:
             self.members.stop()  # leave the group first: the others take our slots at once
             self.watcher.stop()
@@ -204,13 +162,113 @@ class Explorer:
             tasks.close()
             self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
                           "traj_per_s": 0.0, "version": self.engine.version, "swaps": self.stats["swaps"],
-                          **self._timings(t_start)})  # the last profile keeps the explorers' stages
+                          **self._timings(run.t_start)})  # the last profile keeps the explorers' stages
             try:
                 flush_or_raise(self.producer)
             finally:
                 self.producer.close()
                 self.prom.close()
         return self.stats
+
+    def swap(self) -> float | None:
+        """Load the newest verified weights, if new ones came; the seconds it took, or None."""
+        load_s = self.watcher.swap_into(self.engine)
+        if load_s is not None:
+            self.stats["load_s"] += load_s
+            self.stats["swaps"] += 1
+        return load_s
+
+    def ready_slots(self) -> frozenset[int] | None:
+        """This explorer's slots, or None (counted as a slot wait) while it has none or has not read
+        the admission counts yet."""
+        slots = self.members.slots
+        if not slots or not self.admission.caught_up.is_set():
+            self.stats["slot_waits"] += 1
+            return None
+        return slots
+
+    def room(self):
+        """`headroom(generated, dropped, oldest_in_flight)` with this engine's weights now."""
+        cfg = self.cfg
+        return partial(headroom, self.engine.version, self.watcher.latest_announced, cfg.trainer.max_staleness,
+                       self.per_version)
+
+    def progress(self, run: "_Run", slots: frozenset[int], generated: int, dropped: int, **extra) -> None:
+        """Every 5 s, the explorer's counts and stages as a Metric."""
+        if time.monotonic() - run.last_metric <= 5:
+            return
+        run.last_metric = time.monotonic()
+        self._metric({"groups": self.stats["groups"], "trajectories": self.stats["trajectories"],
+                      "traj_per_s": self.stats["trajectories"] / (run.last_metric - run.t_start),
+                      "version": self.engine.version, "swaps": self.stats["swaps"],
+                      "slots": len(slots), "admission_waits": self.stats["admission_waits"],
+                      "run_generated": generated, "run_dropped": dropped, **self._timings(run.t_start),
+                      "task_stats_groups": run.stats.groups, "tasks_skipped": getattr(run.selector, "skipped", 0),
+                      **{k: self.stats[k] for k in ("env_errors", "env_timeouts", "groups_dropped_env")}, **extra})
+
+    def _lockstep(self, run: "_Run") -> None:
+        ex = self.cfg.explorer
+        workflow = make_workflow(ex, stats=self.stats)
+        while not self.stop.is_set():
+            self.swap()
+            slots = self.ready_slots()
+            if slots is None:  # not joined yet, more explorers than slots, or the admission counts not read yet
+                self._wait(0.2, "slot_wait_s")
+                continue
+            t0 = time.monotonic()
+            self._maybe_eval(run.evaluated, slots)
+            self.stats["eval_s"] += time.monotonic() - t0
+            room = self.room()
+            generated, dropped, oldest = self.admission.counts()
+            n = min(ex.tasks_per_batch, explorer_share(room(generated, dropped, oldest), slots,
+                                                       self.members.num_slots))
+            # of this share, what the records before the reservation on the admission topic leave
+            t0 = time.monotonic()
+            n = self.admission.reserve(n, self.engine.version, room) if n > 0 else 0
+            self.stats["reserve_s"] += time.monotonic() - t0
+            if n <= 0:
+                self.stats["admission_waits"] += 1
+                self._wait(0.05, "admission_wait_s")
+                continue
+            run.check_reader()
+            batch = run.tasks.take(n, slots, self.members.num_slots)
+            if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
+                self.admission.end(0)
+                self._wait(0.2, "task_wait_s")
+                continue
+            t0, env0 = time.monotonic(), self.stats["env_s"]
+            groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
+                              producer_id=self.id, chat=ex.chat_template)
+            # the shipped multi-turn workflows count their environments' time apart (env_s)
+            self.stats["generate_s"] += time.monotonic() - t0 - (self.stats["env_s"] - env0)
+            t0 = time.monotonic()
+            for g in groups:
+                self.producer.produce(self.topic, key=g.group_id.encode(), value=encode(g))
+            flush_or_raise(self.producer)
+            self.admission.end(len(groups))
+            self.stats["publish_s"] += time.monotonic() - t0
+            self.stats["groups"] += len(groups)
+            self.stats["trajectories"] += sum(len(g.trajectories) for g in groups)
+            self.progress(run, slots, generated, dropped)
+            if ex.max_groups is not None and self.stats["groups"] >= ex.max_groups:
+                break
+
+
+@dataclass
+class _Run:
+    """What one `Explorer.run` reads from and keeps between iterations of its loop."""
+
+    tasks: Any
+    reader: TaskStatsReader | None
+    stats: TaskStats
+    selector: Any
+    evaluated: set[int] = field(default_factory=set)
+    t_start: float = field(default_factory=time.monotonic)
+    last_metric: float = field(default_factory=time.monotonic)
+
+    def check_reader(self) -> None:
+        if self.reader is not None and self.reader.failed is not None:
+            raise RuntimeError("the task-stats reader stopped") from self.reader.failed
 
 
 def run_explorer(cfg: RunConfig, index: int) -> int:

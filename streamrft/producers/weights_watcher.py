@@ -71,6 +71,11 @@ class WeightsWatcher:
             self._loaded_version = ready[0]
         return ready
 
+    @property
+    def has_ready(self) -> bool:
+        """A verified version is waiting to be taken."""
+        return self._ready is not None
+
     def swap_into(self, engine) -> float | None:
         """Load the newest verified version not yet taken into `engine` (its live weights); the
         seconds that took, or None when there was none."""

@@ -208,19 +208,57 @@ def test_limits_are_checked():
         TurnLimits(max_total_tokens=1)
 
 
-def test_a_non_finite_environment_reward_is_refused(tok):
-    class Broken:
+@pytest.mark.parametrize("workflow", [multi_turn, step_wise])
+def test_an_environment_that_fails_ends_its_episode_env_error_and_is_never_trained(tok, workflow):
+    """Raising in reset or step, a non-finite reward, a non-str observation, a result that is not a
+    4-tuple: each ends its own episode `env_error`, is counted, and stays out of its group; the
+    group goes out with the episodes that ended normally while half of them did, else it is dropped."""
+    class Flaky(GuessNumber):
+        made = 0
+
+        def __init__(self):
+            super().__init__()
+            Flaky.made += 1
+            self.mode, self.closed = BROKEN[(Flaky.made - 1) % len(BROKEN)], False
+            CLOSED.append(self)
+
         def reset(self, task):
-            return task.prompt
+            if self.mode == "reset":
+                raise RuntimeError("no such task")
+            return super().reset(task)
 
         def step(self, action):
-            return StepResult("", math.nan, True, {})
+            if self.mode == "raise":
+                raise ConnectionError("tool down")
+            if self.mode == "nan":
+                return StepResult("", math.nan, True, {})
+            if self.mode == "not str":
+                return (None, 0.0, False, {})
+            if self.mode == "garbage":
+                return "garbage"
+            return super().step(action)
 
-    with pytest.raises(ValueError, match="reward nan"):
-        run(multi_turn, ScriptedEngine(tok, lambda _: "1<eos>"), [_task()], env=Broken)
-    Broken.step = lambda self, action: (None, 0.0, False, {})
-    with pytest.raises(ValueError, match="must be a str"):
-        run(multi_turn, ScriptedEngine(tok, lambda _: "1<eos>"), [_task()], env=Broken)
+        def close(self):
+            self.closed = True
+
+    BROKEN = ["ok", "reset", "raise", "nan", "not str", "garbage", "ok", "ok", "ok", "ok"]
+    CLOSED = []
+    stats = {}
+    eng = ScriptedEngine(tok, lambda _: "5<eos>")
+    groups = workflow(eng, [_task(task_id="a"), _task(task_id="b")], SamplingParams(n=5, max_new_tokens=8),
+                      version=3, team=TEAM, producer_id="test", env=Flaky, limits=TurnLimits(), stats=stats)
+    check_wire(groups)
+    # task a: ok + 4 failures (1 of 5 normal < half of 5 -> dropped); task b: 5 normal
+    assert [g.task.task_id for g in groups] == ["b"]
+    assert {t.finish_reason for t in groups[0].trajectories} == {"env_done"}
+    assert stats.pop("env_s") >= 0
+    assert stats == {"env_errors": 5, "groups_dropped_env": 1}
+    assert len(CLOSED) == 10 and all(e.closed for e in CLOSED)  # close() on every environment, whatever happened
+    # with min_episodes=1 task a goes out with its one normal episode
+    Flaky.made, CLOSED[:] = 0, []
+    groups = workflow(eng, [_task(task_id="a")], SamplingParams(n=5, max_new_tokens=8), version=3, team=TEAM,
+                      producer_id="test", env=Flaky, limits=TurnLimits(), min_episodes=1)
+    assert [len({t.info["episode_id"] for t in g.trajectories}) for g in groups] == [1]
 
 
 # ---- batching and groups ----

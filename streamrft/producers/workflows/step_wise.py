@@ -14,7 +14,7 @@ from typing import Callable
 
 from streamrft.engine.rollout.base import RolloutEngine, SamplingParams
 from streamrft.producers.envs.base import Environment
-from streamrft.producers.workflows.episodes import Episode, TurnLimits, run_episodes
+from streamrft.producers.workflows.episodes import Episode, TurnLimits, kept_episodes, run_episodes
 from streamrft.schemas import RolloutGroup, Task, Trajectory, new_id
 
 
@@ -23,28 +23,41 @@ def _info(e: Episode, step: int, num_steps: int, step_reward: float) -> dict:
             "episode_finish_reason": e.finish_reason, "env_info": e.env_info}
 
 
-def _steps(e: Episode, **common) -> list[Trajectory]:
+def _steps(e: Episode, version: int, **common) -> list[Trajectory]:
     if not e.turns:  # ended before its first turn: one empty step keeps the episode accounted for
-        return [Trajectory(**common, prompt_ids=e.prompt_ids, response_ids=[], logprobs=[], env_reward=e.env_reward,
-                           finish_reason=e.finish_reason, info=_info(e, 0, 1, 0.0))]
+        return [Trajectory(**common, model_version=version, prompt_ids=e.prompt_ids, response_ids=[], logprobs=[],
+                           env_reward=e.env_reward, finish_reason=e.finish_reason, info=_info(e, 0, 1, 0.0))]
     last = len(e.turns) - 1
-    return [Trajectory(**common, prompt_ids=e.prompt_ids + e.response_ids[:t.start], response_ids=t.ids,
+    return [Trajectory(**common, model_version=version if t.version is None else t.version,
+                       prompt_ids=e.prompt_ids + e.response_ids[:t.start], response_ids=t.ids,
                        logprobs=t.logprobs, response_text=t.text, env_reward=e.env_reward,
                        finish_reason=e.finish_reason if k == last else t.finish_reason,
                        info=_info(e, k, last + 1, t.reward))
             for k, t in enumerate(e.turns)]
 
 
+def steps_group(tokenizer, task: Task, episodes: list[Episode], *, version: int, team: str, producer_id: str = "",
+                min_episodes: int | None = None, stats: dict | None = None) -> RolloutGroup | None:
+    """The RolloutGroup of every step of one task's finished episodes, in episode order; None when
+    too many of them ended by their environment (`episodes.kept_episodes`). A step's
+    `model_version` is the version that sampled its turn."""
+    kept = kept_episodes(task, episodes, min_episodes, stats)
+    if kept is None:
+        return None
+    gid = new_id()
+    trajs = [t for e in kept for t in _steps(e, version, group_id=gid, task_id=task.task_id, team=team)]
+    return RolloutGroup(group_id=gid, team=team, task=task, trajectories=trajs, producer_id=producer_id)
+
+
 def step_wise(engine: RolloutEngine, tasks: list[Task], params: SamplingParams, *, version: int, team: str,
               producer_id: str = "", chat: bool = False, env: Callable[[], Environment] | None = None,
-              limits: TurnLimits = TurnLimits()) -> list[RolloutGroup]:
+              limits: TurnLimits = TurnLimits(), min_episodes: int | None = None,
+              stats: dict | None = None, play: Callable = run_episodes) -> list[RolloutGroup]:
     """One RolloutGroup per task holding every step of its `params.n` episodes, in episode order."""
     if env is None:
         raise ValueError("the step_wise workflow needs an environment (explorer.env)")
-    groups = []
-    for task, episodes in zip(tasks, run_episodes(engine, tasks, params, env=env, limits=limits, chat=chat)):
-        gid = new_id()
-        trajs = [t for e in episodes
-                 for t in _steps(e, group_id=gid, task_id=task.task_id, team=team, model_version=version)]
-        groups.append(RolloutGroup(group_id=gid, team=team, task=task, trajectories=trajs, producer_id=producer_id))
-    return groups
+    rows = play(engine, tasks, params, env=env, limits=limits, chat=chat, stats=stats)  # lockstep, or `scheduler.play_all`
+    groups = [steps_group(engine.tokenizer, task, episodes, version=version, team=team, producer_id=producer_id,
+                          min_episodes=min_episodes, stats=stats)
+              for task, episodes in zip(tasks, rows)]
+    return [g for g in groups if g is not None]

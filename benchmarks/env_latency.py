@@ -1,0 +1,166 @@
+"""A slow tool: episodes in lockstep against episodes scheduled one by one, side by side in one run.
+
+    .venv/bin/python benchmarks/env_latency.py [--minutes 8] [--median 0.5] [--p99 5]
+        [--variants lockstep,per_episode,synchronous] [--target 0.8] [--workdir DIR]
+
+The agent example (`examples/agent_cpu.yaml`: the tiny char model learns guess-the-number) is
+prepared once (its warm-up SFT stage, data), then run from that checkpoint once per variant, each
+on its own embedded stack, for `--minutes`, with the same data, seeds and hyperparameters. Every
+environment step waits a seeded lognormal delay (`explorer.env.latency`: median `--median` s, 99th
+percentile `--p99` s), a realistic slow tool. Variants:
+
+- `lockstep`: `explorer.scheduling: lockstep`, a batch's episodes turn by turn together, each
+  environment stepped in turn (tasks_per_batch 4 x group_size 8 = 32 episodes a batch);
+- `per_episode`: `explorer.scheduling: per_episode`, up to `--in-flight` (64) episodes in flight
+  per explorer, each advancing when its tool answers;
+- `synchronous`: the same with `trainer.max_staleness: 0` (on-policy: explorers wait for every
+  version, so nothing overlaps training).
+
+It prints, per variant: seconds to the held-out greedy eval `--target` (from the evaluator's
+metrics: when the version that first reached it was made), the best eval and the final one,
+trajectories generated a second, versions made, and where the explorers' engines spent their time
+(generate, waiting for tools with nothing else to generate, other waits), from their last metrics.
+Then the ratios of the lockstep and synchronous times to the target against one by one's.
+
+TRL is not in the comparison. TRL 1.16's GRPOTrainer does run environments (`environment_factory`,
+experimental, transformers >= 5.2): their methods become tools the model calls through its chat
+template's tool-call format, which the tiny char model here has not got. And its loop is the
+lockstep one (`GRPOTrainer._tool_call_loop` in trl/trainer/grpo_trainer.py, 1.16.0): generate for
+the batch, then, sample after sample, call that sample's tools (synchronous ones one after the
+other; a sample's `async` ones gathered, but each sample waits for the previous one's with
+`run_coroutine_threadsafe(...).result()`), then generate again for those that called a tool. Each
+turn of a batch waits for the sum of its tools' latencies, as the `lockstep` variant does.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIG = ROOT / "examples" / "agent_cpu.yaml"
+
+
+def variants(a) -> dict[str, list[str]]:
+    env = (f"explorer.env={{type: guess_number, params: {{low: 1, high: 8, max_guesses: 4}}, "
+           f"latency: {{median_s: {a.median}, p99_s: {a.p99}, seed: 0}}}}")
+    per_episode = [env, "explorer.scheduling=per_episode", f"explorer.max_concurrent_episodes={a.in_flight}",
+                   f"explorer.env_threads={a.in_flight}"]
+    return {"lockstep": [env, "explorer.scheduling=lockstep"],
+            "per_episode": per_episode,
+            "synchronous": [*per_episode, "trainer.max_staleness=0"]}
+
+
+def run_variant(name: str, overrides: list[str], a, prepared, work: Path) -> dict:
+    from streamrft.infra.stack import free_ports
+
+    ports = free_ports()
+    cmd = [sys.executable, "-m", "streamrft.cli", "run", str(CONFIG), f"model.path={prepared.model.path}", "stages=[]",
+           f"data.train={prepared.data.train}", f"data.eval={prepared.data.eval}", f"output_dir={work / name}",
+           f"stack.data_dir={work / name / 'stack'}", f"stack.kafka_port={ports['kafka_port']}",
+           f"stack.s3_port={ports['s3_port']}", f"stack.weed_port_base={ports['weed_port_base']}",
+           f"max_wall_s={int(a.minutes * 60)}", "trainer.max_steps=100000", f"eval.every_versions={a.eval_every}",
+           *overrides]
+    print(f"\n== {name}: streamrft run {CONFIG.name} " + " ".join(cmd[5:]), flush=True)
+    t_roles, out_dir, final, profile = None, None, {}, ""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT) as p:
+        for line in p.stdout:
+            m = re.match(r"run (\S+): output (\S+); eval reward at start", line)
+            if m:
+                t_roles, out_dir = time.time(), m.group(2)
+            if line.startswith("final:"):
+                final = dict(kv.split("=", 1) for kv in line.split()[1:])
+            if line.startswith("profile:"):
+                profile = line.strip()
+            if line.startswith(("final:", "profile:", "run ")) or "Traceback" in line or "Error" in line:
+                print("  | " + line.rstrip(), flush=True)
+    if t_roles is None or not final:
+        raise RuntimeError(f"{name}: streamrft run gave no final line (exit {p.returncode})")
+    return {"t_roles": t_roles, "out": out_dir, "final": final, "profile": profile, **_from_tensorboard(out_dir, t_roles)}
+
+
+def _from_tensorboard(out_dir: str, t_roles: float) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(Path(out_dir) / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    made: dict[int, float] = {}
+    for e in acc.Scalars("trainer/version") if "trainer/version" in tags else []:
+        made.setdefault(int(e.value), e.wall_time - t_roles)
+    evals = [(int(v.value), r.value) for v, r in zip(acc.Scalars("eval/version"), acc.Scalars("eval/eval_reward"))] \
+        if "eval/version" in tags else []
+    stages: dict[str, float] = {}
+    for tag in tags:  # each explorer's last cumulative value of each stage, summed over explorers
+        m = re.fullmatch(r"explorer/\d+/(\w+_s)", tag)
+        if m:
+            stages[m.group(1)] = stages.get(m.group(1), 0.0) + acc.Scalars(tag)[-1].value
+    return {"made": made, "evals": evals, "stages": stages}
+
+
+def summarise(r: dict, target: float) -> dict:
+    made, evals, st = r["made"], r["evals"], r["stages"]
+    hit = next((v for v, score in evals if score >= target and v in made), None)
+    wall = st.get("wall_s", 0.0) or float("nan")
+    generate = st.get("generate_s", 0.0) + st.get("load_s", 0.0) + st.get("eval_s", 0.0)
+    return {"to_target": None if hit is None else made[hit], "at": hit,
+            "best": max((s for _, s in evals), default=float("nan")),
+            "final_eval": float(r["final"].get("eval_reward_end", "nan")),
+            "traj_per_s": int(r["final"].get("trajectories", 0)) / max(float(r["final"].get("wall_s", 1)), 1e-9),
+            "versions": int(r["final"].get("versions", 0)),
+            "generate": generate / wall, "env": st.get("env_s", 0.0) / wall, "idle": 1 - generate / wall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=8.0)
+    ap.add_argument("--median", type=float, default=0.5)
+    ap.add_argument("--p99", type=float, default=5.0)
+    ap.add_argument("--in-flight", type=int, default=64)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("--variants", default="lockstep,per_episode,synchronous")
+    ap.add_argument("--workdir")
+    a = ap.parse_args()
+
+    from streamrft.config import load_config
+    from streamrft.launch.prepare import prepare
+
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="env_latency-"))
+    t0 = time.perf_counter()
+    prepared = prepare(load_config(CONFIG, [f"output_dir={work}/prepared"]))
+    print(f"prepared {prepared.model.path} in {time.perf_counter() - t0:.0f} s; step latency lognormal median "
+          f"{a.median} s, p99 {a.p99} s; {a.minutes} min a variant", flush=True)
+    table = {}
+    all_variants = variants(a)
+    for name in a.variants.split(","):
+        table[name] = summarise(run_variant(name, all_variants[name], a, prepared, work), a.target)
+    print(f"\n{'variant':12} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
+          f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6}")
+    for name, s in table.items():
+        t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
+        print(f"{name:12} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
+              f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
+              f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}%")
+    ref = table.get("per_episode", {}).get("to_target")
+    for name in ("lockstep", "synchronous"):
+        if name in table and ref:
+            other = table[name]["to_target"]
+            print(f"{name} / per_episode, time to eval {a.target}: "
+                  + (f"{other / ref:.2f}x" if other else f"> {a.minutes * 60 / ref:.2f}x (never reached it)"))
+    print("'generate': the engines' share of the explorers' time sampling, loading weights and evaluating; "
+          "'tools': waiting for environment steps with nothing to generate; 'idle': all but 'generate'.")
+    if not a.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
