@@ -10,6 +10,8 @@ duplicate equals the trajectories below its committed offsets, with no id traine
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,15 +48,30 @@ def _overrides(stack, out: Path, workflow: str, scheduling: str) -> list[str]:
 def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workflow, scheduling):
     from streamrft.stream_ops.scoring import build_scorer
 
-    res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(AGENT),
-                          *_overrides(stack, tmp_path, workflow, scheduling)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    final = [l for l in res.stdout.splitlines() if l.startswith("final:")]
-    assert len(final) == 1, res.stdout
+    proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "run", str(AGENT),
+                             *_overrides(stack, tmp_path, workflow, scheduling)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if scheduling == "per_episode" and line.startswith("[") and "step" in line:
+                break  # the roles run: kill -9 an explorer with its episodes in flight
+        if scheduling == "per_episode":
+            roles = json.loads(next(tmp_path.glob("*/roles.json")).read_text())
+            os.kill(roles["explorer-0"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout = "".join(lines) + out
+    assert proc.returncode == 0, stdout[-4000:]
+    final = [l for l in stdout.splitlines() if l.startswith("final:")]
+    assert len(final) == 1, stdout
     assert dict(kv.split("=") for kv in final[0].removeprefix("final: ").split())["versions"] == str(STEPS)
-    if scheduling == "per_episode":  # the engine's stages: environment time is its own
-        assert any(l.startswith("profile:") and " env " in l for l in res.stdout.splitlines()), res.stdout
+    if scheduling == "per_episode":  # restarted; the engine's stages: environment time is its own
+        assert "explorer-0 exited with -9: restart 1 of" in stdout
+        assert any(l.startswith("profile:") and " env " in l for l in stdout.splitlines()), stdout
     run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
     cfg = load_config(run_dir / "config.yaml")
     ns, kafka = cfg.namespace, stack.kafka
@@ -64,6 +81,9 @@ def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workfl
     produced = {(m.partition(), m.offset()): decode(m.value(), RolloutGroup) for m in read_all(kafka, rollouts_topic)}
     trajectories = [t for g in produced.values() for t in g.trajectories]
     assert len(produced) >= STEPS * 4
+    # nothing published twice, nor half: every group once, whole (a group is one record)
+    assert len({g.group_id for g in produced.values()}) == len(produced)
+    assert len({t.traj_id for t in trajectories}) == len(trajectories)
     if workflow == "multi_turn":
         assert all(len(g.trajectories) == 4 for g in produced.values())
         assert any(0 in t.mask() for t in trajectories), "no environment tokens masked"

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Any
 
 from streamrft.infra.kafka import flush_or_raise
 from streamrft.producers.admission import explorer_share
@@ -38,14 +38,13 @@ from streamrft.producers.workflows import GROUP_BUILDERS, WORKFLOWS, TurnLimits,
 from streamrft.producers.workflows.scheduler import EpisodeScheduler
 from streamrft.schemas import RolloutGroup, encode
 
-if TYPE_CHECKING:
-    from streamrft.producers.explorer import Explorer, _Run
-
 log = logging.getLogger(__name__)
 
 
 class EpisodeLoop:
-    def __init__(self, explorer: "Explorer", run: "_Run"):
+    def __init__(self, explorer: Any, run: Any):
+        """`explorer`: the `explorer.Explorer` whose loop this is; `run`: its `_Run` (this module is
+        imported by explorer.py, never the other way)."""
         self.x, self.run_state = explorer, run
         ex = explorer.cfg.explorer
         self.n = ex.group_size

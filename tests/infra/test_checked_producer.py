@@ -4,8 +4,9 @@
   idempotent producer (PRODUCER_FENCED on every later record, nothing on error_cb; a plain
   confluent producer loses ~180 of 400 records there while `flush()` returns 0). The checked
   producer replaces itself and re-sends: every record is readable afterwards.
-- Broker down: `flush_or_raise` raises `DeliveryError` instead of returning; once the broker is
-  back, the same records are delivered.
+- Broker down: `flush_or_raise` raises `DeliveryError` instead of returning, and `serve` (the
+  non-blocking publisher's) calls no delivery callback; once the broker is back, the same records
+  are delivered.
 - A record the client refuses for itself raises at once.
 - The broker killed mid-produce, again and again: no acknowledged record is lost (with
   idempotence on, Tansu loses some: hence `KafkaConfig.idempotence=False` by default).
@@ -78,11 +79,23 @@ def test_broker_down_fails_loudly_then_delivers(private_stack):
     with pytest.raises(DeliveryError, match="not acknowledged"):
         flush_or_raise(producer, timeout=3)
     assert len(producer) == 1  # still owed, never counted as sent
+    # the publisher that never blocks (`serve`, the per-episode explorer's): no callback, still owed
+    acked = []
+    producer.produce("down", value=b"2", on_delivery=lambda err, msg: acked.append(msg.offset()))
+    for _ in range(20):
+        producer.serve()
+        time.sleep(0.05)
+    assert acked == [] and len(producer) == 2
 
     es.restart("tansu")
+    deadline = time.monotonic() + 120
+    while not acked and time.monotonic() < deadline:  # served and re-sent without a blocking flush
+        producer.serve()
+        time.sleep(0.05)
+    assert len(acked) == 1
     flush_or_raise(producer, timeout=120)
     assert len(producer) == 0
-    assert _read_values(kafka, "down", 1, 2) == {0, 1}
+    assert _read_values(kafka, "down", 1, 3) == {0, 1, 2}
 
 
 def test_a_record_refused_for_itself_raises(stack):
