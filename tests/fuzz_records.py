@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from streamrft.schemas import ExperienceGroup, Metric, RolloutGroup, Task, Trajectory
+from streamrft.schemas import SCHEMA_VERSION, ExperienceGroup, Metric, RolloutGroup, Task, Trajectory
 
 TEAM = "fuzz"
 ANSWER = "4"
@@ -317,7 +317,7 @@ def malformed_kinds() -> dict[str, Callable[[random.Random], Record]]:
         "tombstone": _tombstone,
         "other_message_kind": _other_message,
         "unknown_kind": _mutated(_set(("kind",), ["banana", "rollout_groups", "ROLLOUT_GROUP", ""])),
-        "unsupported_schema_version": _mutated(_set(("schema",), [0, 2, 999, -1])),
+        "unsupported_schema_version": _mutated(_set(("schema",), [0, SCHEMA_VERSION + 1, 999, -1])),
         "extra_field.root": _mutated(_set(("surprise",), [1, None, "x"])),
         "extra_field.task": _mutated(_set(("task", "surprise"), [1, None, "x"])),
         "extra_field.traj": _mutated(_set(("*", "surprise"), [1, None, "x"])),
