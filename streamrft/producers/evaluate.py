@@ -39,7 +39,12 @@ def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Tas
 
 def evaluate_run(engine: RolloutEngine, tasks: list[Task], cfg: RunConfig) -> float:
     """The run's held-out eval reward, as its workflow plays the tasks: every episode that ended
-    normally is scored, every one its environment ended scores 0."""
+    normally is scored, every one its environment ended scores 0. With a slow tool
+    (`explorer.env.latency`) the eval's episodes are scheduled one by one whatever the run's
+    scheduling, so that an eval takes the same time in every scheduling."""
     failures: dict = {}
-    return evaluate_workflow(make_workflow(cfg.explorer, stats=failures, min_episodes=1), engine, tasks, cfg,
-                             failures)
+    ex = cfg.explorer
+    if ex.env is not None and ex.env.latency is not None and ex.scheduling == "lockstep":
+        # a slow tool measures the scheduling, not the policy: the eval's episodes wait for it together
+        ex = ex.model_copy(update={"scheduling": "per_episode"})
+    return evaluate_workflow(make_workflow(ex, stats=failures, min_episodes=1), engine, tasks, cfg, failures)

@@ -263,3 +263,22 @@ def test_the_feeder_never_runs_two_engine_calls_at_once(tok):
     Slow.delay, Slow.slow = 0.01, set(range(1, 9))
     _play({}, _tasks(1, 2, 3, 4, 5, 6, 7, 8), 4, Watching(tok), Slow)
     assert most[0] == 1
+
+
+def test_the_eval_of_a_run_with_a_slow_tool_waits_for_it_together_in_lockstep_too(tok):
+    """The held-out eval measures the policy, not the scheduling: with `env.latency` its episodes
+    wait for the tool together even when the run is in lockstep (16 episodes x 3 turns of 0.2 s
+    would take 9.6 s in turn), and its score is lockstep's."""
+    from streamrft.config import load_config
+    from streamrft.producers.evaluate import evaluate_run
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    slow = load_config(root / "examples" / "agent_cpu.yaml",
+                       ["explorer.env={type: guess_number, params: {low: 1, high: 8, max_guesses: 4}, "
+                        "latency: {median_s: 0.2, p99_s: 0.21, seed: 0}}", "explorer.scheduling=lockstep"])
+    fast = load_config(root / "examples" / "agent_cpu.yaml", ["explorer.scheduling=lockstep"])
+    tasks = _tasks(*[1 + k % 8 for k in range(16)])
+    t0 = time.monotonic()
+    score = evaluate_run(ScriptedEngine(tok), tasks, slow)
+    assert time.monotonic() - t0 < 16 * 0.2
+    assert score == pytest.approx(evaluate_run(ScriptedEngine(tok), tasks, fast)) and score > 0.8
