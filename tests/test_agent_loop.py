@@ -1,8 +1,9 @@
 """Agentic RL end to end on the real embedded stack: `streamrft run examples/agent_cpu.yaml` (the
 guess-the-number environment, warm-up demonstrations, explorers -> faust stream ops -> trainer ->
 S3 -> explorers) for a few steps: the `multi_turn` workflow in lockstep, and the `step_wise` one
-with episodes scheduled one by one (`explorer.scheduling: per_episode`) in an environment whose
-every step waits a seeded delay (`explorer.env.latency`). Every
+with episodes scheduled one by one (`explorer.scheduling: per_episode`), on-policy
+(`trainer.max_staleness: 0`), in an environment whose every step waits a seeded delay
+(`explorer.env.latency`), with an explorer killed -9 mid-run. Every
 trajectory is accounted for as in the single-turn loop test: each rollout group below stream ops'
 committed offsets is an experience or a zero-variance group, and the trainer's trained + stale +
 duplicate equals the trajectories below its committed offsets, with no id trained twice.
@@ -33,7 +34,9 @@ pytestmark = pytest.mark.slow
 def _overrides(stack, out: Path, workflow: str, scheduling: str) -> list[str]:
     slow = ([f"explorer.scheduling={scheduling}", "explorer.max_concurrent_episodes=16",
              "explorer.env={type: guess_number, params: {low: 1, high: 8, max_guesses: 4}, "
-             "latency: {median_s: 0.02, p99_s: 0.2, seed: 0}}"] if scheduling == "per_episode" else [])
+             "latency: {median_s: 0.02, p99_s: 0.2, seed: 0}}",
+             # on-policy: every group of a version waits for it, so explorers with nothing in flight must swap
+             "trainer.max_staleness=0"] if scheduling == "per_episode" else [])
     return [
         *stack_overrides(stack, out),
         "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",

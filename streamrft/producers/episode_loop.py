@@ -97,11 +97,14 @@ class EpisodeLoop:
                     break
                 await asyncio.sleep(0.01)
                 continue
-            if ex.swap == "between_batches" and x.watcher.has_ready:
-                if self.groups or self.opening:  # the episodes in flight end first; nothing new starts
-                    await asyncio.sleep(0.01)
+            if x.watcher.has_ready:
+                if ex.swap == "between_batches" and (self.groups or self.opening):
+                    await asyncio.sleep(0.01)  # the episodes in flight end first; nothing new starts
                     continue
-                await self.sched.on_engine(x.swap)
+                if not self.sched.episodes_in_flight or ex.swap == "between_batches":
+                    # nothing is generating, so no engine call would swap: the explorer does, or it
+                    # would keep asking admission for groups with weights too stale to be granted
+                    await self.sched.on_engine(x.swap)
             slots = x.ready_slots()
             if slots is None:
                 await asyncio.sleep(0.2)
