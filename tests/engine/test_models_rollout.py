@@ -175,12 +175,17 @@ def test_lr_factor_warms_up_then_holds_or_decays_by_cosine():
         lr_factor(5, 10, 0, "linear")
 
 
-def test_explorer_engine_dtype_overrides_the_model_dtype(model_dir):
+def test_explorer_engine_dtype_overrides_the_model_dtype(model_dir, monkeypatch):
+    """(On a CPU with bfloat16 kernels; without them the engine keeps float32: test_precision.py.)"""
+    import streamrft.engine.precision as precision
     from streamrft.config import RunConfig
     from streamrft.engine.rollout import engine_from_config
 
+    precision.usable_dtype.cache_clear()
+    monkeypatch.setattr(precision, "cpu_bf16_fast", lambda: True)
     cfg = RunConfig(model={"path": str(model_dir)}, explorer={"engine": {"dtype": "bfloat16"}})
     eng = engine_from_config(cfg)
+    precision.usable_dtype.cache_clear()
     assert next(eng.model.parameters()).dtype == torch.bfloat16
     out = eng.generate(_ids(eng, PROMPTS), SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=0))
     assert all(len(c.token_ids) == len(c.logprobs) >= 1 for group in out for c in group)
