@@ -110,7 +110,7 @@ class EpisodeLoop:
                 await asyncio.sleep(0.2)
                 continue
             if x.eval_due(run.evaluated, slots):
-                await self.sched.on_engine(self._timed_eval, slots)
+                await self.sched.on_engine(x._maybe_eval, run.evaluated, slots)
             free = (ex.max_concurrent_episodes - self.sched.episodes_in_flight) // self.n - self.opening
             if free <= 0:
                 await asyncio.sleep(0.005)
@@ -178,11 +178,6 @@ class EpisodeLoop:
         self.unacked += 1
         x.producer.produce(x.topic, key=group.group_id.encode(), value=encode(group), on_delivery=acked)
         self.busy["publish_busy_s"] += time.monotonic() - t0
-
-    def _timed_eval(self, slots: frozenset[int]) -> None:
-        t0 = time.monotonic()
-        self.x._maybe_eval(self.run_state.evaluated, slots)
-        self.x.stats["eval_s"] += time.monotonic() - t0
 
     def _stages(self) -> None:
         """The engine's stages into the explorer's stats (load_s and eval_s are counted there already)."""

@@ -109,17 +109,20 @@ class Explorer:
                     or v in evaluated or v % cfg.eval.every_versions)
 
     def _maybe_eval(self, evaluated: set[int], slots: frozenset[int]) -> None:
+        """Evaluate the version held now if `eval_due`; its time counts as `eval_s`."""
         from streamrft.producers.evaluate import evaluate_run
 
         cfg, v = self.cfg, self.engine.version
         if not self.eval_due(evaluated, slots):
             return
+        t0 = time.monotonic()
         evaluated.add(v)
         if self.eval_tasks is None:
             self.eval_tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
         score = evaluate_run(self.engine, self.eval_tasks, cfg)
         self._metric({"eval_reward": score, "version": v}, role="eval")
         log.info("eval v%d: %.3f", v, score)
+        self.stats["eval_s"] += time.monotonic() - t0
 
     def _wait(self, seconds: float, stage: str) -> None:
         t0 = time.monotonic()
@@ -215,9 +218,7 @@ class Explorer:
             if slots is None:  # not joined yet, more explorers than slots, or the admission counts not read yet
                 self._wait(0.2, "slot_wait_s")
                 continue
-            t0 = time.monotonic()
             self._maybe_eval(run.evaluated, slots)
-            self.stats["eval_s"] += time.monotonic() - t0
             room = self.room()
             generated, dropped, oldest = self.admission.counts()
             n = min(ex.tasks_per_batch, explorer_share(room(generated, dropped, oldest), slots,

@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -38,6 +39,8 @@ from streamrft.producers.workflows.episodes import (ENV_ERROR, ENV_TIMEOUT, MAX_
                                                     failed_episode, model_turn)
 from streamrft.producers.workflows.turns import TurnEncoder
 from streamrft.schemas import Task
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeScheduler:
@@ -118,8 +121,8 @@ class EpisodeScheduler:
             try:
                 if getattr(env, "close", None) is not None:
                     await self._env_call(env, "close")
-            except EnvFailure:
-                pass  # logged by nobody else: an environment that cannot close is its own problem
+            except EnvFailure as f:  # as `episodes.close_env`: logged, never raised
+                log.warning("%s", f)
 
     async def _env_call(self, env: Environment, method: str, *args) -> Any:
         fn = getattr(env, method)
