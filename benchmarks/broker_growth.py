@@ -173,6 +173,7 @@ def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overri
         print(f"objects at the end {n:6d}  {key}")
     for topic, (n, secs) in replays.items():
         print(f"read from offset 0 after the run: {topic}: {n} records in {secs:.2f} s ({n / max(secs, 1e-9):,.0f}/s)")
+    _trainer_parts(workdir / "out")
     return {"keeper": keeper, "minutes": t_end / 60, "rows": rows, "versions": (rate(first, 1), rate(last, 1)),
             "trajectories": (rate(first, 2), rate(last, 2)),
             "max_objects": max(counts.values(), default=0)}
@@ -246,6 +247,42 @@ def plot(rows: list[tuple], path: Path, title: str, keeper: bool = True) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+TRAINER_PARTS = ("wait_s", "step_s", "publish_s", "publish_wait_s", "commit_s", "publish_copy_s", "checkpoint_write_s",
+                 "upload_s", "checkpoint_finalize_s", "announce_s", "weights_gc_s")
+
+
+def _trainer_parts(out_dir: Path, window_s: int = 300) -> None:
+    """Where the trainer's time per version went, 5 minutes at a time: the median of each of its
+    timing metrics (`docs/monitoring.md`) in the run's TensorBoard logs. `publish_s` is the step
+    loop's share; `upload_s`..`weights_gc_s` run on the publisher thread beside the next step, and
+    the loop waits for them in `publish_wait_s`."""
+    import statistics
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs = sorted(out_dir.glob("*/tensorboard"))
+    if not logs:
+        return
+    ea = EventAccumulator(str(logs[-1]), size_guidance={"scalars": 0})
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    parts = [p for p in TRAINER_PARTS if f"trainer/{p}" in tags]
+    if not parts:
+        return
+    t0 = min(e.wall_time for e in ea.Scalars(f"trainer/{parts[0]}"))
+    table: dict[int, dict[str, float]] = {}
+    for p in parts:
+        by: dict[int, list[float]] = {}
+        for e in ea.Scalars(f"trainer/{p}"):
+            by.setdefault(int((e.wall_time - t0) // window_s), []).append(e.value)
+        for w, values in by.items():
+            table.setdefault(w, {})[p] = statistics.median(values)
+    print("trainer, median seconds per version, by 5 minutes of the run:")
+    print("minute " + " ".join(f"{p:>{max(len(p), 6)}}" for p in parts))
+    for w in sorted(table):
+        print(f"{w * window_s // 60:6d} " + " ".join(f"{table[w].get(p, float('nan')):>{max(len(p), 6)}.3f}" for p in parts))
 
 
 def _filtered_by_minute(state) -> dict[int, float]:

@@ -82,14 +82,15 @@ def test_an_outside_agent_trains_a_run_through_the_gateway(stack, tmp_path):
     assert int(final["versions"]) == STEPS
     # Without a learning-rate warm-up the run was bimodal: Adam's first updates moved some runs' v2-v4
     # so far (approx_kl 0.2-0.4 against 1-version-stale groups) that the greedy eval fell (CI,
-    # 2026-11-26: 0.459 -> 0.285@v10 -> 0.225@v20) or crawled (0.492@v10, 0.543@v20); others reached
-    # 0.83-0.92 by v10. With the example's trainer.warmup_steps=10, five runs of five were at
-    # 0.795-0.921 at v10 and 0.921 at v20 (in the four whose metrics were kept, approx_kl at most
-    # 0.017 over v1-v10; one later step reached 0.174, after the eval had risen, and it held).
-    evals = [float(x) for x in re.findall(r"eval\s+([\d.]+)@v[1-9]", out)]
-    start = float(final["eval_reward_start"])
-    assert evals and max(evals) >= start + 0.2, (final, sorted(set(evals)))
-    assert float(final["eval_reward_end"]) >= start + 0.1, final
+    # 2026-11-26: 0.459 -> 0.285@v10 -> 0.225@v20) or crawled (0.492@v10, 0.543@v20). With a 10-update
+    # warm-up to lr 5e-4 it rose by v10 (0.795-0.921) but could fall by v20 at the full rate (CI,
+    # 2026-11-28: 0.921@v10 -> 0.475@v20; here 0.813 -> 0.636). The example's lr 2.5e-4: 0.459 at v10,
+    # 0.795-0.921 at v20, three runs of three. The final eval (at v20) counts among the run's evals:
+    # the last progress line may come before it.
+    end, start = float(final["eval_reward_end"]), float(final["eval_reward_start"])
+    evals = [float(x) for x in re.findall(r"eval\s+([\d.]+)@v[1-9]", out)] + [end]
+    assert max(evals) >= start + 0.2, (final, sorted(set(evals)))
+    assert end >= start + 0.1, final
     assert "gateway: episodes" in out
     agent_final = re.search(r"agent: rounds=(\d+) eval_start=([\d.]+) eval_end=([\d.]+) eval_best=([\d.]+)", agent_out)
     assert agent_final and int(agent_final[1]) > 0, agent_out[-2000:]

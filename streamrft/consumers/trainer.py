@@ -145,6 +145,10 @@ class Trainer(Intake, UpdateLoop):
         self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
         self._delta = None  # engine.delta.DeltaPublisher with trainer.weight_sync.delta (full weights only)
         self._announced_at: dict[int, float] = {}  # version -> when announced, until its first trajectory comes back
+        # where publishing a version goes (metrics): this thread's parts of the last `publish`, and the
+        # publisher thread's of the last version it finished (a whole dict, replaced by that thread)
+        self.publish_times: dict[str, float] = {}
+        self.publish_job_times: dict[str, float] = {}
         self.metric_logger = self.prom = None  # monitor.backends and /metrics, rank 0 (`streamrft run`
         # starts roles with no backends: it logs every role's metrics off the topic)
         self.progress = None  # replay: a bar of the records to read (monitor/bars.py)
@@ -173,9 +177,12 @@ class Trainer(Intake, UpdateLoop):
         what the previous version's publishing failed with."""
         v, step = self.state.version, self.state.step
         self._await_publisher()  # back-pressure: one version in flight
+        t0 = time.monotonic()
         weights = self.engine.publishable_state_dict()  # collective under ZeRO-3
         self.seen.prune(v, self.max_staleness)
+        t1 = time.monotonic()
         ckpt = self._write_checkpoint_files() if checkpoint_due else None
+        self.publish_times.update(publish_copy_s=t1 - t0, checkpoint_write_s=time.monotonic() - t1)
         self.versions_since_ckpt = 0 if checkpoint_due else self.versions_since_ckpt + 1
         if not self.is_main:
             return
@@ -185,14 +192,21 @@ class Trainer(Intake, UpdateLoop):
         meta = self._version_meta()
 
         def job():
+            marks = [time.monotonic()]
             manifest = retried(lambda: self._publish_weights(v, weights, meta), f"uploading v{v}")
+            marks.append(time.monotonic())
             if ckpt is not None:
                 checkpoint.finalize(self.ckpt_dir, *ckpt)
+            marks.append(time.monotonic())
             # explorers load announced versions only; a checkpoint's version is announced once the
             # checkpoint is durable, so that with checkpoint_every=1 a restarted trainer redoes (and
             # overwrites in S3) only versions nobody loaded, and the version numbers stay dense
             self.announce(manifest.sha256, version=v, step=step)
+            marks.append(time.monotonic())
             self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+            marks.append(time.monotonic())
+            self.publish_job_times = dict(zip(("upload_s", "checkpoint_finalize_s", "announce_s", "weights_gc_s"),
+                                              (b - a for a, b in zip(marks, marks[1:]))))
 
         self.publisher.submit(f"v{v}", job)
         if ckpt is not None:
@@ -228,10 +242,13 @@ class Trainer(Intake, UpdateLoop):
         """Wait for the version in flight (raising its failure), then commit its checkpoint's offsets."""
         if not self.is_main:
             return
+        t0 = time.monotonic()
         self.publisher.wait()
+        t1 = time.monotonic()
         if self._to_commit:
             self._commit(self._to_commit)
         self._to_commit = None
+        self.publish_times.update(publish_wait_s=t1 - t0, commit_s=time.monotonic() - t1)
 
     def _publish_weights(self, v: int, weights: dict, meta: dict):
         """Version `v` to S3 (on the publisher's thread, one at a time): whole, or with
@@ -505,6 +522,7 @@ class Trainer(Intake, UpdateLoop):
                 self.state.version += 1
                 self.publish(checkpoint_due=self.versions_since_ckpt + 1 >= self.tc.checkpoint_every)
             metrics.update(version=self.state.version, wait_s=t1 - t0, step_s=t2 - t1, publish_s=time.monotonic() - t2,
+                           **self.publish_times, **self.publish_job_times,
                            **({"loop_latency_s": latency} if latency is not None else {}),
                            **{f"count_{k}": v for k, v in self.counts.as_dict().items()},
                            **(self.offset_gaps.stats() if self.is_main else {}))

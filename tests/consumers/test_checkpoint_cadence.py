@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from streamrft.infra.objectstore import WeightStore
-from streamrft.schemas import WeightVersion, decode, topic_name
+from streamrft.schemas import Metric, WeightVersion, decode, topic_name
 from tests_helpers import read_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +119,7 @@ def test_upload_overlaps_the_next_step(stack, namespace, trainer_config, kit, mo
     def held_upload(store, model, version, *args, **kwargs):
         if version == 1:
             overlapped.append(step_2.wait(60))
+            time.sleep(0.3)  # an upload that takes at least this: step 2's metrics say so
         return upload(store, model, version, *args, **kwargs)
 
     step = trainer.train_step
@@ -133,6 +134,16 @@ def test_upload_overlaps_the_next_step(stack, namespace, trainer_config, kit, mo
     result = kit.run(cfg, trainer=trainer)
     assert overlapped == [True] and (result["step"], result["version"]) == (3, 3)
     assert _announced(stack.kafka, namespace) == [0, 1, 2, 3]
+    # where publishing went, each step: the step loop's parts of its publish, and the publisher
+    # thread's parts of the version it finished last (step 2 waited for v1's held upload)
+    steps = {m.step: m.values for m in (decode(r.value(), Metric) for r in read_all(stack.kafka, topic_name(namespace, "metrics")))
+             if m.role == "trainer"}
+    assert sorted(steps) == [1, 2, 3]
+    loop_parts = {"publish_wait_s", "commit_s", "publish_copy_s", "checkpoint_write_s"}
+    job_parts = {"upload_s", "checkpoint_finalize_s", "announce_s", "weights_gc_s"}
+    assert all(loop_parts <= set(v) and job_parts <= set(v) for v in steps.values()), steps
+    assert steps[2]["upload_s"] >= 0.3 and all(steps[2][k] >= 0 for k in loop_parts | job_parts)
+    assert sum(steps[2][k] for k in loop_parts) <= steps[2]["publish_s"] + 1e-6
 
 
 @pytest.mark.parametrize("failures", [2, 99])
