@@ -58,10 +58,11 @@ def test_an_outside_agent_trains_a_run_through_the_gateway(stack, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
     agent = None
     try:
-        _wait_healthy(url, run)
+        # started at once, as the quick start does: it waits for the gateway (minutes of preparation)
         agent = subprocess.Popen([sys.executable, str(ROOT / "examples" / "agents" / "openai_agent.py"),
                                   "--base-url", url + "/v1", "--eval-every", "10"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        _wait_healthy(url, run)
         node = subprocess.run(["node", str(ROOT / "examples" / "agents" / "agent.mjs"), "--base-url", url + "/v1",
                                "--api-key", KEYS["STREAMRFT_LAB_KEY"], "--groups", "1", "--rounds", "1"],
                               capture_output=True, text=True, timeout=300)
@@ -94,6 +95,7 @@ def test_an_outside_agent_trains_a_run_through_the_gateway(stack, tmp_path):
     assert "gateway: episodes" in out
     agent_final = re.search(r"agent: rounds=(\d+) eval_start=([\d.]+) eval_end=([\d.]+) eval_best=([\d.]+)", agent_out)
     assert agent_final and int(agent_final[1]) > 0, agent_out[-2000:]
+    assert agent_out.startswith("agent: waiting for the gateway"), agent_out[:500]
 
     # the Node agent's group: on the lab's topic only, and scored by stream ops
     cfg = load_config(next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists()) / "config.yaml")

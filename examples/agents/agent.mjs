@@ -21,6 +21,7 @@ const { values: args } = parseArgs({
     groups: { type: "string", default: "2" },
     "group-size": { type: "string", default: "8" },
     rounds: { type: "string", default: "1" },
+    "wait-minutes": { type: "string", default: "15" },
   },
 });
 if (!args["api-key"]) throw new Error("no key: pass --api-key or set STREAMRFT_AGENTS_KEY");
@@ -62,6 +63,25 @@ async function play(secret, headers) {
   return 0;
 }
 
+// until the gateway answers /health (no key needed): a run prepares and warms up its model first
+async function waitHealthy(minutes) {
+  const root = base.replace(/\/v1$/, ""), deadline = Date.now() + minutes * 60_000;
+  let said = false;
+  while (Date.now() < deadline) {
+    try {
+      if ((await fetch(`${root}/health`)).ok) return true;
+    } catch {} // not serving yet
+    if (!said) console.log(`agent.mjs: waiting for the gateway at ${root} (a run prepares and warms up its model first)`);
+    said = true;
+    await new Promise((r) => setTimeout(r, 2000));
+  }
+  return false;
+}
+
+if (!(await waitHealthy(Number(args["wait-minutes"])))) {
+  console.log(`agent.mjs: no gateway answered at ${base} within ${args["wait-minutes"]} minutes`);
+  process.exit(1);
+}
 for (let round = 1; round <= Number(args.rounds); round++) {
   const games = [];
   for (let g = 0; g < Number(args.groups); g++) {

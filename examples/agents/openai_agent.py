@@ -13,7 +13,10 @@ every secret greedily as eval episodes (served, never trained on) and prints tha
     streamrft run examples/gateway_cpu.yaml &
     python examples/agents/openai_agent.py --base-url http://127.0.0.1:8000/v1
 
-It stops after `--minutes` or `--rounds`, or when the gateway goes away (the run ended).
+Started before the gateway serves (`streamrft run` prepares and warms up the model first, which
+takes minutes), it waits for `/health` up to `--wait-minutes`. Each episode is finished as soon as
+it is played, so a group is published the moment its last episode ends. It stops after `--minutes`
+or `--rounds`, or when the gateway goes away (the run ended).
 """
 from __future__ import annotations
 
@@ -78,20 +81,37 @@ def finish(base_url: str, key: str, episode_id: str, reward: float, task_id: str
     raise RuntimeError(f"episode {episode_id}: the group was never acknowledged")
 
 
+def wait_healthy(base_url: str, minutes: float) -> bool:
+    """Until the gateway answers `/health` (no key needed), for at most `minutes`."""
+    root, deadline, said = base_url.rstrip("/").removesuffix("/v1"), time.monotonic() + minutes * 60, False
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{root}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if not said:
+            print(f"agent: waiting for the gateway at {root} (a run prepares and warms up its model before it "
+                  f"serves: minutes; at most {minutes:g})", flush=True)
+            said = True
+        time.sleep(2)
+    return False
+
+
 def train_round(client: OpenAI, pool: ThreadPoolExecutor, args, rng: random.Random) -> tuple[float, int]:
+    def episode(secret: int, ids: dict) -> tuple[float, int]:  # played, then finished at once
+        reward, version = play(client, args.model, secret, ids)
+        finish(args.base_url, args.api_key, ids["X-Episode-Id"], reward, task_id=f"secret-{secret}-{ids['X-Group-Id']}")
+        return reward, version
+
     games = []
     for _ in range(args.groups):
         secret, group = rng.randint(LOW, HIGH), uuid.uuid4().hex
         for _ in range(args.group_size):
             ids = {"X-Episode-Id": uuid.uuid4().hex, "X-Group-Id": group, "X-Group-Size": args.group_size}
-            games.append((secret, ids, pool.submit(play, client, args.model, secret, ids)))
-    rewards, version = [], 0
-    for secret, ids, fut in games:
-        reward, v = fut.result()
-        rewards.append(reward)
-        version = max(version, v)
-        finish(args.base_url, args.api_key, ids["X-Episode-Id"], reward, task_id=f"secret-{secret}-{ids['X-Group-Id']}")
-    return sum(rewards) / len(rewards), version
+            games.append(pool.submit(episode, secret, ids))
+    results = [g.result() for g in games]
+    return sum(r for r, _ in results) / len(results), max(v for _, v in results)
 
 
 def evaluate(client: OpenAI, pool: ThreadPoolExecutor, model: str) -> float:
@@ -116,9 +136,13 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--minutes", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-minutes", type=float, default=15.0, help="how long to wait for the gateway to serve")
     args = p.parse_args()
     if not args.api_key:
         p.error("no key: pass --api-key or set STREAMRFT_AGENTS_KEY")
+    if not wait_healthy(args.base_url, args.wait_minutes):
+        print(f"agent: no gateway answered at {args.base_url} within {args.wait_minutes:g} minutes", flush=True)
+        return 1
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=2, timeout=120)
     rng, start = random.Random(args.seed), time.monotonic()
     pool = ThreadPoolExecutor(args.groups * args.group_size)
@@ -140,7 +164,11 @@ def main() -> int:
         print("agent: the gateway went away (the run ended)", flush=True)
     finally:
         pool.shutdown(cancel_futures=True)
-    print(f"agent: rounds={n} eval_start={evals[0]:.3f} eval_end={evals[-1]:.3f} eval_best={max(evals):.3f}", flush=True)
+    if evals:
+        print(f"agent: rounds={n} eval_start={evals[0]:.3f} eval_end={evals[-1]:.3f} eval_best={max(evals):.3f}",
+              flush=True)
+    else:
+        print(f"agent: rounds={n} (no eval finished)", flush=True)
     return 0
 
 

@@ -138,18 +138,22 @@ def unlock(fd: int) -> None:
     os.close(fd)  # closing the descriptor releases the flock
 
 
-def sync_audit(ckpt_dir: Path, checkpoint: Path, version: int) -> None:
+def sync_audit(ckpt_dir: Path, checkpoint: Path, version: int, drop_higher: bool = True) -> None:
     """Make `audit/` match the durable checkpoint `checkpoint` of `version`.
 
     Copies its `trained.json` to `audit/v<version>.json` (re-creating it after a crash between
-    the checkpoint's rename and the copy) and removes audit files of higher versions: they
-    belong to versions that were not durable and will be trained again.
+    the checkpoint's rename and the copy) and, with `drop_higher`, removes audit files of higher
+    versions: they belong to versions that were not durable and will be trained again. That
+    lists the folder (a file per checkpoint of the run): a trainer does it once, its versions
+    only grow after that.
     """
     audit = Path(ckpt_dir) / AUDIT
     audit.mkdir(parents=True, exist_ok=True)
     src = checkpoint / TRAINED
     if src.exists():
         _fsync_write(audit / f"v{version}.json", src.read_text())
+    if not drop_higher:
+        return
     for f in audit.glob("v*.json"):
         m = _VERSION_DIR.match(f.stem)
         if m and int(m.group(1)) > version:
@@ -182,8 +186,10 @@ def write(ckpt_dir: Path, version: int, write_model, is_main: bool = True, barri
     return tmp
 
 
-def finalize(ckpt_dir: Path, tmp: Path, state: TrainerState, trained: list[str] | None = None, keep: int = 2) -> Path:
-    """Make `tmp` (from `write`) the durable checkpoint `v<state.version>` (main rank only)."""
+def finalize(ckpt_dir: Path, tmp: Path, state: TrainerState, trained: list[str] | None = None, keep: int = 2,
+             drop_higher_audit: bool = True) -> Path:
+    """Make `tmp` (from `write`) the durable checkpoint `v<state.version>` (main rank only);
+    `drop_higher_audit`: `sync_audit`'s `drop_higher`."""
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / f"v{state.version}"
     (tmp / TRAINED).write_text(json.dumps(trained or []))
@@ -193,7 +199,7 @@ def finalize(ckpt_dir: Path, tmp: Path, state: TrainerState, trained: list[str] 
         _discard(final)
     os.replace(tmp, final)
     _fsync_dir(ckpt_dir)
-    sync_audit(ckpt_dir, final, state.version)
+    sync_audit(ckpt_dir, final, state.version, drop_higher=drop_higher_audit)
     _fsync_write(ckpt_dir / "LATEST", final.name)
     older = [d for v, d in _version_dirs(ckpt_dir) if v < state.version]
     complete = [d for d in older if (d / STATE).exists()]

@@ -144,6 +144,8 @@ class Trainer(Intake, UpdateLoop):
         self.update_metrics: list[dict[str, float]] = []  # one per optimiser update of the last step
         self._base_meta: dict | None = None  # `_version_meta`'s base, once uploaded
         self._delta = None  # engine.delta.DeltaPublisher with trainer.weight_sync.delta (full weights only)
+        self._in_store: set[int] | None = None  # this model's versions in S3, once listed (`_gc`)
+        self._audit_synced = False  # checkpoint.sync_audit has dropped higher versions' audit files
         self._announced_at: dict[int, float] = {}  # version -> when announced, until its first trajectory comes back
         # where publishing a version goes (metrics): this thread's parts of the last `publish`, and the
         # publisher thread's of the last version it finished (a whole dict, replaced by that thread)
@@ -195,15 +197,16 @@ class Trainer(Intake, UpdateLoop):
             marks = [time.monotonic()]
             manifest = retried(lambda: self._publish_weights(v, weights, meta), f"uploading v{v}")
             marks.append(time.monotonic())
-            if ckpt is not None:
-                checkpoint.finalize(self.ckpt_dir, *ckpt)
+            if ckpt is not None:  # the audit folder is listed at this trainer's first checkpoint only
+                checkpoint.finalize(self.ckpt_dir, *ckpt, drop_higher_audit=not self._audit_synced)
+                self._audit_synced = True
             marks.append(time.monotonic())
             # explorers load announced versions only; a checkpoint's version is announced once the
             # checkpoint is durable, so that with checkpoint_every=1 a restarted trainer redoes (and
             # overwrites in S3) only versions nobody loaded, and the version numbers stay dense
             self.announce(manifest.sha256, version=v, step=step)
             marks.append(time.monotonic())
-            self.store.gc(self.cfg.weights_key, self.tc.keep_versions)
+            self._gc(v)
             marks.append(time.monotonic())
             self.publish_job_times = dict(zip(("upload_s", "checkpoint_finalize_s", "announce_s", "weights_gc_s"),
                                               (b - a for a, b in zip(marks, marks[1:]))))
@@ -211,6 +214,15 @@ class Trainer(Intake, UpdateLoop):
         self.publisher.submit(f"v{v}", job)
         if ckpt is not None:
             self._to_commit = dict(ckpt[1].offsets)
+
+    def _gc(self, v: int) -> None:
+        """Old versions out of S3, keeping `trainer.keep_versions` (publisher thread). The versions
+        in the store are listed once, then tracked: a listing costs more as deleted versions pile
+        up (`WeightStore.gc`)."""
+        if self._in_store is None:
+            self._in_store = set(self.store.list_versions(self.cfg.weights_key))
+        self._in_store.add(v)
+        self._in_store -= set(self.store.gc(self.cfg.weights_key, self.tc.keep_versions, versions=sorted(self._in_store)))
 
     def _write_checkpoint_files(self) -> tuple | None:
         """Step 1 of a checkpoint (every rank: DeepSpeed writes shards collectively): the state as

@@ -81,6 +81,12 @@ def test_audit_trail_holds_exactly_the_durable_versions(tmp_path):
     _save(tmp_path, 2, trained=["t2-redone"])
     assert json.loads((audit / "v2.json").read_text()) == ["t2-redone"]
     assert latest(tmp_path)[1].version == 2
+    # after its first checkpoint a trainer's versions only grow: it copies without listing the folder
+    (audit / "v9.json").write_text('["lost"]')
+    sync_audit(tmp_path, tmp_path / "v2", 2, drop_higher=False)
+    assert (audit / "v9.json").exists() and json.loads((audit / "v2.json").read_text()) == ["t2-redone"]
+    sync_audit(tmp_path, tmp_path / "v2", 2)
+    assert not (audit / "v9.json").exists()
 
 
 def test_a_second_trainer_on_the_same_directory_is_refused(tmp_path):

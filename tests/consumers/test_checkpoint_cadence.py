@@ -129,10 +129,14 @@ def test_upload_overlaps_the_next_step(stack, namespace, trainer_config, kit, mo
             step_2.set()
         return step(samples, weights)
 
+    listings, list_versions = [], WeightStore.list_versions
+    monkeypatch.setattr(WeightStore, "list_versions", lambda self, model: listings.append(model) or list_versions(self, model))
     monkeypatch.setattr(weights, "publish_state_dict", held_upload)
     monkeypatch.setattr(trainer, "train_step", train_step)
     result = kit.run(cfg, trainer=trainer)
     assert overlapped == [True] and (result["step"], result["version"]) == (3, 3)
+    # the model's versions in S3 are listed at resume and at the first clean-up, not at every version
+    assert listings == [cfg.weights_key] * 2
     assert _announced(stack.kafka, namespace) == [0, 1, 2, 3]
     # where publishing went, each step: the step loop's parts of its publish, and the publisher
     # thread's parts of the version it finished last (step 2 waited for v1's held upload)

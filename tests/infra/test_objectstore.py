@@ -110,6 +110,21 @@ def test_gc_keeps_the_newest(store, namespace, tmp_path):
         store.gc(namespace, keep=0)
 
 
+def test_gc_of_versions_the_caller_tracks_lists_only_what_it_deletes(store, namespace, tmp_path, monkeypatch):
+    """A listing of the model's prefix slows as deleted versions pile up in the store: given the
+    versions, gc lists each deleted version's own objects and nothing else."""
+    shards = _shards(_tiny_module(0), tmp_path / "src")
+    for version in range(1, 6):
+        store.publish_version(namespace, version, shards)
+    listed, real = [], store._list
+    monkeypatch.setattr(store, "_list", lambda prefix: listed.append(prefix) or real(prefix))
+    assert store.gc(namespace, keep=2, versions=[5, 3, 4, 2, 1]) == [1, 2, 3]
+    assert listed == [f"{namespace}/v{v}/" for v in (1, 2, 3)]
+    monkeypatch.undo()
+    assert store.list_versions(namespace) == [4, 5]
+    store.fetch_version(namespace, 4, tmp_path / "dst")
+
+
 # ---- riding out S3 restarts ---------------------------------------------------------------------
 
 

@@ -98,10 +98,12 @@ class GroupStore:
         self.tokenizer, self.producer_id, self.default_size = tokenizer, producer_id, default_size
         self.group_timeout_s, self.episode_timeout_s, self.max_open = group_timeout_s, episode_timeout_s, max_open_episodes
         self._open_group, self._close_group, self._publish_fn = open_group, close_group, publish
-        self.groups: dict[str, GroupState] = {}
-        self.episodes: dict[str, EpisodeState] = {}
-        self.ended_episodes = Remembered()  # episode_id -> (team, answer of its finish or why it ended)
-        self.ended_groups = Remembered()  # group_id -> (team, "published" | "dropped")
+        # ids are each team's own: every map is keyed by (team, id), so one team's ids never answer,
+        # block or finish another's
+        self.groups: dict[tuple[str, str], GroupState] = {}
+        self.episodes: dict[tuple[str, str], EpisodeState] = {}
+        self.ended_episodes = Remembered()  # (team, episode_id) -> the answer of its finish, or why it ended
+        self.ended_groups = Remembered()  # (team, group_id) -> "published" | "dropped"
         self.counters: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         # pools of their own: an admission decision waits on the broker while holding its thread, and
         # the loop's default pool (cores + 4 threads) would queue publishes and closes behind them
@@ -119,10 +121,8 @@ class GroupStore:
     async def episode(self, team: str, episode_id: str, group_id: str | None, size: int | None,
                       version: int) -> EpisodeState:
         """The open episode a call belongs to, opening it (and its group) on its first call."""
-        ep = self.episodes.get(episode_id)
+        ep = self.episodes.get((team, episode_id))
         if ep is not None:
-            if ep.group.team != team:
-                raise GatewayError(404, f"no open episode {episode_id!r}", code="episode_not_found")
             if group_id is not None and group_id != ep.group.group_id:
                 raise GatewayError(400, f"episode {episode_id!r} is in group {ep.group.group_id!r}, not {group_id!r}",
                                    param="group_id")
@@ -132,8 +132,8 @@ class GroupStore:
                 raise GatewayError(409, f"episode {episode_id!r} has a call in progress: one call at a time per "
                                         "episode", code="episode_busy")
             return ep
-        if episode_id in self.ended_episodes and self.ended_episodes[episode_id][0] == team:
-            raise GatewayError(409, f"episode {episode_id!r} is over ({self.ended_episodes[episode_id][1]['status']})",
+        if (team, episode_id) in self.ended_episodes:
+            raise GatewayError(409, f"episode {episode_id!r} is over ({self.ended_episodes[team, episode_id]['status']})",
                                code="episode_over")
         if len(self.episodes) >= self.max_open:
             self.counters[team]["rejected_open_episodes"] += 1
@@ -144,18 +144,18 @@ class GroupStore:
         if len(group.episodes) + group.expired >= group.size:
             raise GatewayError(409, f"group {gid!r} already has its {group.size} episodes", code="group_full")
         ep = EpisodeState(episode_id, group)
-        group.episodes[episode_id] = self.episodes[episode_id] = ep
+        group.episodes[episode_id] = self.episodes[team, episode_id] = ep
         self.counters[team]["episodes_started"] += 1
         return ep
 
     async def _group(self, team: str, gid: str, size: int | None, version: int) -> GroupState:
         size = size or self.default_size
-        g = self.groups.get(gid)
+        g = self.groups.get((team, gid))
         if g is None:
-            if gid in self.ended_groups and self.ended_groups[gid][0] == team:
-                raise GatewayError(409, f"group {gid!r} is over ({self.ended_groups[gid][1]})", code="group_over")
+            if (team, gid) in self.ended_groups:
+                raise GatewayError(409, f"group {gid!r} is over ({self.ended_groups[team, gid]})", code="group_over")
             g = GroupState(gid, team, size, version, asyncio.get_running_loop().create_future())
-            self.groups[gid] = g
+            self.groups[team, gid] = g
             try:
                 ok = await self._in(self._deciding, self._open_group, version)
             except Exception as e:
@@ -163,10 +163,8 @@ class GroupStore:
                 ok = False
             g.admitted.set_result(ok)
             if not ok:
-                del self.groups[gid]
+                del self.groups[team, gid]
         else:
-            if g.team != team:
-                raise GatewayError(409, f"group id {gid!r} is taken", code="group_taken")
             ok = await asyncio.shield(g.admitted)
         if not ok:
             self.counters[team]["rejected_admission"] += 1
@@ -175,7 +173,7 @@ class GroupStore:
                                code="admission", retry_after=1.0)
         if size != g.size:
             raise GatewayError(400, f"group {gid!r} has size {g.size}, not {size}", param="group_size")
-        if g.team == team and g.group_id not in self.groups:
+        if (team, gid) not in self.groups:
             raise GatewayError(409, f"group {gid!r} is over", code="group_over")
         return g
 
@@ -187,17 +185,17 @@ class GroupStore:
         """The call ended (`call` None: it failed and is not part of the episode)."""
         ep.busy = False
         ep.last_seen = time.monotonic()
-        if call is not None and ep.episode_id in self.episodes:
+        if call is not None and (ep.group.team, ep.episode_id) in self.episodes:
             ep.calls.append(call)
             ep.last = last
 
     # ---- finish -----------------------------------------------------------------------------------
     async def finish(self, team: str, episode_id: str, body: dict) -> dict:
-        ended = self.ended_episodes.get(episode_id)
-        if ended is not None and ended[0] == team:
-            return ended[1]  # a repeated finish: the same answer
-        ep = self.episodes.get(episode_id)
-        if ep is None or ep.group.team != team:
+        ended = self.ended_episodes.get((team, episode_id))
+        if ended is not None:
+            return ended  # a repeated finish: the same answer
+        ep = self.episodes.get((team, episode_id))
+        if ep is None:
             raise GatewayError(404, f"no open episode {episode_id!r}", code="episode_not_found")
         g = ep.group
         if ep.finish is None:
@@ -219,7 +217,8 @@ class GroupStore:
 
     def _answer(self, ep: EpisodeState) -> dict:
         g = ep.group
-        status = self.ended_groups.get(g.group_id, (None, "pending"))[1] if g.group_id not in self.groups else "pending"
+        key = (g.team, g.group_id)
+        status = "pending" if key in self.groups else self.ended_groups.get(key, "pending")
         return {"episode_id": ep.episode_id, "group_id": g.group_id, "status": status,
                 "finished": len(g.finished), "group_size": g.size}
 
@@ -278,13 +277,13 @@ class GroupStore:
         await self._in(self._io, self._close_group, g.version, True)
 
     def _end_group(self, g: GroupState, status: str) -> None:
-        self.groups.pop(g.group_id, None)
-        self.ended_groups.remember(g.group_id, (g.team, status))
+        self.groups.pop((g.team, g.group_id), None)
+        self.ended_groups.remember((g.team, g.group_id), status)
         for e in g.episodes.values():
-            self.episodes.pop(e.episode_id, None)
+            self.episodes.pop((g.team, e.episode_id), None)
             ans = {"episode_id": e.episode_id, "group_id": g.group_id, "finished": len(g.finished),
                    "group_size": g.size, "status": status if e.finish is not None else "expired"}
-            self.ended_episodes.remember(e.episode_id, (g.team, ans))
+            self.ended_episodes.remember((g.team, e.episode_id), ans)
 
     # ---- the sweep ------------------------------------------------------------------------------
     async def sweep(self) -> None:
@@ -297,9 +296,9 @@ class GroupStore:
             for e in g.unfinished:
                 if not e.busy and (timed_out or now - e.last_seen > self.episode_timeout_s):
                     del g.episodes[e.episode_id]
-                    self.episodes.pop(e.episode_id, None)
-                    self.ended_episodes.remember(e.episode_id, (g.team, {
-                        "episode_id": e.episode_id, "group_id": g.group_id, "status": "expired"}))
+                    self.episodes.pop((g.team, e.episode_id), None)
+                    self.ended_episodes.remember((g.team, e.episode_id), {
+                        "episode_id": e.episode_id, "group_id": g.group_id, "status": "expired"})
                     g.expired += 1
                     self.counters[g.team]["episodes_expired"] += 1
             accounted = len(g.episodes) + g.expired >= g.size

@@ -185,7 +185,9 @@ class Gateway:
         if evaluation:
             last = self.eval_episodes.get((team, episode_id))
         elif episode_id is not None:
-            if episode_id not in self.store.episodes:
+            # a new episode starts on fresh enough weights, unless its group is open already: its
+            # admission is taken, and refusing it would hold that slot until the group timed out
+            if (team, episode_id) not in self.store.episodes and (team, group_id) not in self.store.groups:
                 ok, why = self.can_start()
                 if not ok:
                     self.store.counters[team]["rejected_stale"] += 1

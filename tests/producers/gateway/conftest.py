@@ -13,5 +13,7 @@ def served(stack, tmp_path_factory) -> Iterator[Served]:
     import uuid
 
     out = tmp_path_factory.mktemp("gateway")
-    with serving(gateway_config(stack, out, f"gw-{uuid.uuid4().hex[:8]}", ["monitor.prometheus.enabled=true"])) as s:
+    # batch_groups 8: room for the module's groups with no trainer, (0 + 1 + 1) x 8
+    extra = ["monitor.prometheus.enabled=true", "trainer.batch_groups=8"]
+    with serving(gateway_config(stack, out, f"gw-{uuid.uuid4().hex[:8]}", extra)) as s:
         yield s

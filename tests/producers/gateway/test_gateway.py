@@ -50,22 +50,26 @@ def test_a_key_decides_the_team_and_nothing_else_gets_in(served):
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=served.url + "/v1", api_key="sk-wrong", max_retries=0).completions.create(
             model="policy", prompt="abc", max_tokens=2)
-    # the lab's key finishes its own episode into its own topic; the agents' key cannot touch it
+    # each team's episode and group ids are its own: the agents' key cannot finish the lab's episode,
+    # and reusing the lab's ids opens the agents' own episode and group, which touch nothing of the lab's
     lab, agents = served.client("lab"), served.client("agents")
-    gid, e1, e2 = (uuid.uuid4().hex for _ in range(3))
+    gid, e1, e3 = (uuid.uuid4().hex for _ in range(3))
     _episode(lab, "abc", e1, gid)
-    with pytest.raises(openai.NotFoundError):
-        agents.completions.create(model="policy", prompt="abc", max_tokens=2,
-                                  extra_headers={"X-Episode-Id": e1})  # not the agents' episode: not found
-    with pytest.raises(openai.ConflictError):
-        _episode(agents, "abc", e2, gid)  # nor their group
-    assert _finish(served, e1, {"reward": 1.0}, KEYS["agents"]).status_code == 404
-    e3 = uuid.uuid4().hex
+    assert _finish(served, e1, {"reward": 1.0}, KEYS["agents"]).status_code == 404  # no episode e1 of theirs
+    _episode(agents, "xyz", e1, gid)
     _episode(lab, "abd", e3, gid)
     assert _finish(served, e1, {"reward": 1.0}, KEYS["lab"]).json()["status"] == "pending"
     assert _finish(served, e3, {"reward": 0.0}, KEYS["lab"]).json()["status"] == "published"
-    assert [g.group_id for g in _groups(served, "lab")] == [gid]
-    assert gid not in {g.group_id for g in _groups(served, "agents")}
+    assert _finish(served, e1, {"reward": 1.0}, KEYS["lab"]).json()["status"] == "published"  # a repeated finish
+    assert _finish(served, e1, {"reward": 0.5}, KEYS["agents"]).json()["status"] == "pending"  # theirs: 1 of 2
+    _episode(agents, "xyw", e3, gid)
+    assert _finish(served, e3, {"reward": 0.25}, KEYS["agents"]).json()["status"] == "published"
+    with pytest.raises(openai.ConflictError):
+        _episode(lab, "abc", e1, gid)  # the lab's episode is over, whatever the agents did with its id
+    lab_groups, agent_groups = _groups(served, "lab"), [g for g in _groups(served, "agents") if g.group_id == gid]
+    assert [g.group_id for g in lab_groups] == [gid] and len(agent_groups) == 1
+    assert sorted(t.env_reward for t in lab_groups[0].trajectories) == [0.0, 1.0]
+    assert sorted(t.env_reward for t in agent_groups[0].trajectories) == [0.25, 0.5]
 
 
 def _teacher_forced(engine, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
@@ -142,12 +146,12 @@ def test_an_idle_episode_expires_and_its_group_publishes_what_finished(served):
     old, store.episode_timeout_s = store.episode_timeout_s, 0.5
     try:
         deadline = time.monotonic() + 30
-        while gid in store.groups and time.monotonic() < deadline:
+        while ("agents", gid) in store.groups and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         store.episode_timeout_s = old
     assert store.counters["agents"]["episodes_expired"] == expired + 1
-    assert e2 not in store.episodes and gid not in store.groups
+    assert ("agents", e2) not in store.episodes and ("agents", gid) not in store.groups
     group = next(g for g in _groups(served, "agents") if g.group_id == gid)
     assert [t.info["episode_id"] for t in group.trajectories] == [e1]
     r = httpx.post(f"{served.url}/v1/completions", json={"prompt": "abc", "max_tokens": 2},
