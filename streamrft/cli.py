@@ -103,11 +103,14 @@ def cmd_roundtrip(args) -> int:
 
 def cmd_prepare(args) -> int:
     from streamrft.config import load_config
-    from streamrft.launch.prepare import prepare
+    from pathlib import Path
+
+    from streamrft.launch.prepare import PREPARED, prepare
     from streamrft.launch.quiet import quiet_libraries
 
     quiet_libraries()  # the SFT stages' own bars stay
-    cfg = prepare(load_config(args.config, args.overrides))
+    cfg = load_config(args.config, args.overrides)
+    cfg = prepare(cfg, cache=Path(cfg.output_dir) / PREPARED)  # the stages `streamrft run` reuses
     print(f"prepared: model {cfg.model.path}; train {cfg.data.train}; eval {cfg.data.eval}")
     return 0
 

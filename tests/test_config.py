@@ -1,6 +1,8 @@
 """The config tree: every example validates, dotted overrides, errors that name the field."""
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 import typing
@@ -75,6 +77,19 @@ def test_dotted_overrides(inline_yaml):
 
 def test_override_later_wins(inline_yaml):
     assert load_config(inline_yaml, ["trainer.lr=1e-3", "trainer.lr=2e-3"]).trainer.lr == pytest.approx(2e-3)
+
+
+def test_an_override_names_a_list_item_by_its_index():
+    demo = ROOT / "examples" / "cpu_demo.yaml"
+    cfg = load_config(demo, ["stages.1.steps=7", "stages.0.data.size=123", "stream_ops.rewards=[{name: format}, {name: exact_match}]",
+                             "stream_ops.rewards.1.weight=0.25"])
+    assert cfg.stages[1].steps == 7 and cfg.stages[0].data["size"] == 123
+    assert [(r.name, r.weight) for r in cfg.stream_ops.rewards] == [("format", 1.0), ("exact_match", 0.25)]
+    for bad, said in [("stages.5.steps=1", "stages is a list of 2 items; name one by its index 0-1 (got '5')"),
+                      ("stages.first.steps=1", "stages is a list of 2 items"),
+                      ("trainer.lr.x=1", "trainer.lr is not a section")]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_config(demo, [bad])
 
 
 @pytest.mark.parametrize("override,names", [

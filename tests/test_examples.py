@@ -144,7 +144,8 @@ def test_a_demo_stage_needs_an_environment_with_scripted_players(tmp_path):
 
     cfg = load_config(ROOT / "examples" / "agent_cpu.yaml", [f"output_dir={tmp_path}", f"model.path={tmp_path / 'base'}",
                                                              "explorer.env={import_path: 'tests_helpers:Countdown'}"])
-    with pytest.raises(ValueError, match=r"data.demos needs explorer.env.type in \['calculator', 'guess_number'\]"):
+    with pytest.raises(ValueError, match=r"data.demos needs the environment's scripted players: .*'tests_helpers:Countdown' "
+                                         r"has no PLAYERS dict"):
         prepare(cfg)
 
 

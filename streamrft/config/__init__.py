@@ -106,7 +106,9 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     stages: list[StageConfig] = Field(default_factory=list)
     max_wall_s: float | None = Field(None, gt=0, **_FINITE)
-    """Stop the run after this many seconds (None = at trainer.max_steps)."""
+    """`streamrft run` stops the loop after this many seconds of it (None = at trainer.max_steps),
+    counted from when its roles start: preparing the data and model, the warm-up `stages` and the
+    start eval come before and are not counted (the final line's `wall_s` counts everything)."""
     fork_roles: bool = False
     """`streamrft run` forks its roles from a server that imported torch and transformers once
     (`launch/roles.py`), instead of starting a fresh interpreter for each (`python -m streamrft.cli
@@ -176,18 +178,28 @@ class RunConfig(Section):
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `a.b.c=value` flags (value parsed as YAML) onto a raw config dict."""
+    """Apply `a.b.c=value` flags (value parsed as YAML) onto a raw config dict. A number after a
+    list names one of its items (`stages.0.steps=50`, `stream_ops.rewards.1.weight=0.2`)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.field=value")
         key, value = item.split("=", 1)
-        node = raw
+        node: Any = raw
         parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {key!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml.load(value, Loader=_Loader)
+        for depth, p in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = ".".join(parts[:depth]) or "the config"
+            if isinstance(node, list):
+                if not p.isdigit() or int(p) >= len(node):
+                    raise ConfigError(f"override {key!r}: {where} is a list of {len(node)} items; name one by its "
+                                      f"index 0-{len(node) - 1} (got {p!r})")
+                p = int(p)
+            elif not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {where} is not a section")
+            if last:
+                node[p] = yaml.load(value, Loader=_Loader)
+            else:
+                node = node.setdefault(p, {}) if isinstance(node, dict) else node[p]
     return raw
 
 

@@ -41,13 +41,45 @@ def ensure_model(cfg: RunConfig) -> str:
     if cfg.model.build is None:
         raise FileNotFoundError(f"model.path {path} holds no model and neither model.source nor model.build is set")
     from streamrft.engine.models import build_char_tokenizer, build_tiny_model
-    from streamrft.producers.envs import ALPHABETS
-    from streamrft.producers.synthetic import ALPHABET
 
     spec = cfg.model.build
-    alphabet = spec.alphabet or ALPHABETS.get((cfg.data.synthetic or {}).get("task", "reverse"), ALPHABET)
-    build_tiny_model(path, build_char_tokenizer(alphabet), **spec.model_dump(exclude={"alphabet"}))
+    build_tiny_model(path, build_char_tokenizer(spec.alphabet or default_alphabet(cfg)),
+                     **spec.model_dump(exclude={"alphabet"}))
     return str(path)
+
+
+def default_alphabet(cfg: RunConfig) -> str:
+    """The tiny char model's characters when `model.build.alphabet` is not set: the synthetic task's;
+    else the environment's (`envs.env_alphabet`: your own environment's `ALPHABET`); else the
+    reverse demo's. Raises where they would miss characters: your own environment without
+    `ALPHABET`, or task files holding characters outside it (they would all read as `<unk>`)."""
+    from streamrft.producers.envs import ALPHABETS, env_alphabet
+    from streamrft.producers.synthetic import ALPHABET
+
+    env, task = cfg.explorer.env, (cfg.data.synthetic or {}).get("task")
+    if task is not None:
+        alphabet = ALPHABETS.get(task, ALPHABET)
+    elif env is not None and env.import_path:
+        alphabet = env_alphabet(env.type, env.import_path)
+        if not alphabet:
+            raise ValueError(f"model.build.alphabet is not set, and explorer.env.import_path {env.import_path!r} has no "
+                             "ALPHABET (on its class or in its module): set one of them to every character your tasks "
+                             "and environment write; any other character becomes <unk>")
+    else:
+        alphabet = (env_alphabet(env.type) if env is not None else None) or ALPHABET
+    for split in ("train", "eval"):  # an online run's task files (offline ones hold pairs)
+        path = getattr(cfg.data, split)
+        if cfg.algorithm.type not in OFFLINE_TYPES and path and Path(path).suffix == ".jsonl" and Path(path).exists():
+            from streamrft.producers.tasks import load_task_file
+
+            seen = {c for t in load_task_file(path, cfg.data.prompt_key, cfg.data.answer_key)
+                    for c in t.prompt + (t.answer or "")}
+            missing = "".join(sorted(seen - set(alphabet)))
+            if missing:
+                raise ValueError(f"model.build.alphabet is not set, and the default ({alphabet!r}) misses characters of "
+                                 f"data.{split} ({path}): {missing!r}; set model.build.alphabet to every character your "
+                                 "tasks and environment write")
+    return alphabet
 
 
 def batches(n: int, size: int, seed: int, shuffle: bool = True) -> Iterator[list[int]]:

@@ -2,7 +2,9 @@
 stages. Idempotent.
 
 Returns the config the roles will run with: `data.train/eval` pointing at the generated files and
-`model.path` at the last stage's output (the RL loop's version 0).
+`model.path` at the last stage's output (the RL loop's version 0). `streamrft prepare` and
+`streamrft run` keep the stages in `<output_dir>/prepared/`, by a hash of what each is built from
+(`stage_key`): a run reuses what `prepare` or an earlier run built.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 from streamrft.config import RunConfig, StageConfig
 
 
+PREPARED = "prepared"
+"""The folder under `output_dir` where `streamrft prepare` and `streamrft run` keep warm-up stages."""
 _SPEC_KEYS = ("task", "train_size", "eval_size", "seed")
 EVAL_SEED_OFFSET = 10_000
 """An environment's eval tasks are drawn with seed + this: other draws than its train tasks."""
@@ -81,64 +85,144 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
 
 def _stage_demonstrations(stage: StageConfig, cfg: RunConfig):
     """A stage with `data.demos` (player weights, e.g. `{bisect: 0.1, linear: 0.9}`): a function
-    of the tokenizer giving `data.size` episodes of the explorer's environment played by scripted
-    players (`envs.PLAYERS`), on fresh tasks of the same generator as `data.synthetic`, laid out
-    token for token as the multi-turn workflows lay out the model's episodes."""
-    from streamrft.producers.envs import PLAYERS, TASKS, env_factory
+    of the tokenizer giving `data.size` episodes of the explorer's environment played by its
+    scripted players (`envs.env_players`: a shipped environment's, or your own's `PLAYERS`), laid
+    out token for token as the multi-turn workflows lay out the model's episodes. Their tasks: a
+    shipped environment's generator (as `data.synthetic` draws them, fresh ones), or for your own
+    environment `data.size` rows of `data.train`, drawn with `data.seed`."""
+    import random
+
+    from streamrft.producers.envs import PLAYERS, TASKS, env_factory, env_players
+    from streamrft.producers.tasks import load_task_file
     from streamrft.producers.workflows.demonstrations import mixture
     from streamrft.producers.workflows.episodes import TurnLimits
     from streamrft.schemas import Task
 
     ex, data = cfg.explorer, stage.data
-    kind = ex.env.type if ex.env is not None and not ex.env.import_path else None
-    if kind not in PLAYERS:
-        raise ValueError(f"stage data.demos needs explorer.env.type in {sorted(PLAYERS)} (its scripted players), "
-                         f"got {kind!r}")
-    spec = cfg.data.synthetic or {}
-    params = {k: v for k, v in spec.items() if k not in _SPEC_KEYS} if spec.get("task") == kind else {}
-    rows = TASKS[kind](data.get("size", 500), seed=data.get("seed", 0), **params)
-    tasks = [Task(task_id=r["task_id"], prompt=r["prompt"], answer=r["answer"]) for r in rows]
-    env = env_factory(kind, None, ex.env.params)
+    if ex.env is None:
+        raise ValueError("stage data.demos plays explorer.env's scripted players: explorer.env is not set")
+    players = env_players(ex.env.type, ex.env.import_path)
+    if not players:
+        raise ValueError(
+            f"stage data.demos needs the environment's scripted players: explorer.env.import_path "
+            f"{ex.env.import_path!r} has no PLAYERS dict (on its class or in its module: "
+            "{name: player(task, env, turns) -> action text})" if ex.env.import_path else
+            f"stage data.demos needs explorer.env.type in {sorted(PLAYERS)} (its scripted players), or your own "
+            f"environment (explorer.env.import_path) with a PLAYERS dict; got {ex.env.type!r}")
+    size, seed = data.get("size", 500), data.get("seed", 0)
+    if ex.env.import_path:
+        if not cfg.data.train:
+            raise ValueError("stage data.demos with your own environment plays data.train's tasks: data.train is not set")
+        pool = load_task_file(cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key)
+        rng = random.Random(seed)
+        tasks = [rng.choice(pool) for _ in range(size)]
+    else:
+        kind = ex.env.type
+        spec = cfg.data.synthetic or {}
+        params = {k: v for k, v in spec.items() if k not in _SPEC_KEYS} if spec.get("task") == kind else {}
+        tasks = [Task(task_id=r["task_id"], prompt=r["prompt"], answer=r["answer"])
+                 for r in TASKS[kind](size, seed=seed, **params)]
+    env = env_factory(ex.env.type, ex.env.import_path, ex.env.params)
     limits = TurnLimits(ex.max_turns, ex.max_total_tokens)
 
     def sequences(tokenizer) -> list[tuple[list[int], list[int]]]:
-        demos = mixture(tokenizer, tasks, env, PLAYERS[kind], dict(data["demos"]), seed=data.get("seed", 0),
-                        limits=limits, chat=ex.chat_template)
+        demos = mixture(tokenizer, tasks, env, players, dict(data["demos"]), seed=seed, limits=limits,
+                        chat=ex.chat_template)
         return [(d.ids, d.loss_mask) for d in demos]
 
     return sequences
 
 
-def run_stages(cfg: RunConfig, out: Path, logger=None) -> None:
+def _fingerprint(path: Path) -> str:
+    """What identifies a model directory or a data file here: names, sizes and modification times,
+    and config.json's text (a model rebuilt in place changes them)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.exists() else []
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    if (path / "config.json").exists():
+        h.update((path / "config.json").read_bytes())
+    return h.hexdigest()
+
+
+def stage_key(cfg: RunConfig, i: int, base: str) -> str:
+    """A hash of everything stage `i` is built from: the model it starts from (`base`: the fingerprint
+    of `model.path`, or the previous stage's key), the stage, the data and environment settings its
+    examples come from, and the seed. Equal keys build equal models, so a run reuses a stage built
+    before (by `streamrft prepare` or an earlier run)."""
+    import hashlib
+
+    stage = cfg.stages[i]
+    files = [stage.data.get("path"), cfg.data.train if "demos" in stage.data else None]
+    ex = cfg.explorer
+    what = {"base": base, "stage": stage.model_dump(mode="json"), "synthetic": cfg.data.synthetic,
+            "files": {f: _fingerprint(Path(f)) for f in files if f},
+            "env": ex.env.model_dump(mode="json") if ex.env is not None else None,
+            "limits": [ex.max_turns, ex.max_total_tokens, ex.chat_template], "seed": cfg.trainer.seed}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_stages(cfg: RunConfig, out: Path, logger=None, cache: Path | None = None) -> None:
     """The stages not built yet, each step's loss logged as `stage/<i>/loss` to `logger` (a
-    `MetricLogger`), or, when None and a stage has to run, to one of this run's own."""
+    `MetricLogger`), or, when None and a stage has to run, to one of this run's own.
+
+    With `cache`, stage `i` is built once in `cache/<stage_key>-stage-<i>-<type>` and
+    `out/stage-<i>-<type>` links to it: runs of the same config (and `streamrft prepare`) share it."""
+    import os
+    import shutil
+
     from streamrft.consumers.offline import sft_stage
 
     own = None
+    base = _fingerprint(Path(cfg.model.path)) if cache is not None and cfg.stages else ""
     try:
         for i, stage in enumerate(cfg.stages):
             dest = out / f"stage-{i}-{stage.type}"
-            if not (dest / "config.json").exists():
+            built = dest
+            if cache is not None:
+                base = stage_key(cfg, i, base)
+                built = cache / f"{base}-stage-{i}-{stage.type}"
+            if not (built / "config.json").exists():
                 if logger is None:
                     from streamrft.monitor.loggers import MetricLogger
 
                     logger = own = MetricLogger.for_run(cfg)
                 print(f"stage {i} ({stage.type}): {stage.steps} steps ...", flush=True)
                 examples = _stage_demonstrations(stage, cfg) if "demos" in stage.data else _stage_pairs(stage, cfg)
-                sft_stage(cfg.model.path, str(dest), stage, examples, seed=cfg.trainer.seed, index=i, logger=logger)
+                tmp = built.with_name(f".tmp-{os.getpid()}-{built.name}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                sft_stage(cfg.model.path, str(tmp), stage, examples, seed=cfg.trainer.seed, index=i, logger=logger)
+                if (built / "config.json").exists():  # another process built it meanwhile: the same model
+                    shutil.rmtree(tmp)
+                else:
+                    shutil.rmtree(built, ignore_errors=True)  # a crashed build's leftovers
+                    os.replace(tmp, built)
+            elif built != dest:
+                print(f"stage {i} ({stage.type}): reusing {built}", flush=True)
+            if built != dest:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if dest.is_symlink():
+                    dest.unlink()
+                elif dest.exists():  # built here before stages were shared
+                    shutil.rmtree(dest)
+                dest.symlink_to(built.resolve(), target_is_directory=True)
             cfg.model.path = str(dest)
     finally:
         if own is not None:
             own.close()
 
 
-def prepare(cfg: RunConfig, logger=None) -> RunConfig:
-    """Data, model and stages for `cfg` (idempotent); the stages log to `logger` (see `run_stages`)."""
+def prepare(cfg: RunConfig, logger=None, cache: Path | None = None) -> RunConfig:
+    """Data, model and stages for `cfg` (idempotent); the stages log to `logger` and are shared
+    through `cache` (see `run_stages`)."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     prepare_data(cfg, out)
     prepare_model(cfg)
-    run_stages(cfg, out, logger)
+    run_stages(cfg, out, logger, cache)
     # absolute paths: the roles may run with another working directory (faust does)
     cfg.model.path = str(Path(cfg.model.path).resolve())
     cfg.data.train = cfg.data.train and str(Path(cfg.data.train).resolve())

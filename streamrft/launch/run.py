@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from streamrft.config import RunConfig, dump_config, load_config
+from streamrft.launch.prepare import PREPARED
 from streamrft.launch.quiet import quiet_libraries
 from streamrft.launch.roles import spawn, start_server
 
@@ -147,6 +148,7 @@ def run(config_path: str, overrides: list[str]) -> int:
     run_name = f"{cfg.namespace}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg.namespace = run_name
     out = (Path(cfg.output_dir) / run_name).resolve()
+    stages_cache = out.parent / PREPARED  # warm-up stages shared with `streamrft prepare` and other runs
     cfg.output_dir = str(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -159,23 +161,23 @@ def run(config_path: str, overrides: list[str]) -> int:
         cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
         cfg.stack.embedded = False  # the roles use these addresses as they are
     try:
-        return _run_roles(cfg, out, t_start)
+        return _run_roles(cfg, out, t_start, stages_cache)
     finally:
         if es is not None and started_stack:
             print(f"stack down: stopped {', '.join(es.down())}", flush=True)
 
 
-def _run_roles(cfg: RunConfig, out: Path, t_start: float) -> int:
+def _run_roles(cfg: RunConfig, out: Path, t_start: float, stages_cache: Path | None = None) -> int:
     from streamrft.monitor.loggers import MetricLogger
 
     metric_logger = MetricLogger.for_run(cfg)  # the stages' losses, every role's metrics, the evals
     try:
-        return _run_logged(cfg, out, t_start, metric_logger)
+        return _run_logged(cfg, out, t_start, metric_logger, stages_cache)
     finally:
         metric_logger.close()
 
 
-def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int:
+def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger, stages_cache: Path | None = None) -> int:
     from streamrft.infra.kafka import ensure_topics, run_topics
     from streamrft.launch.prepare import prepare
     from streamrft.launch.progress import MetricsFollower
@@ -184,7 +186,7 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
     procs: dict[str, subprocess.Popen] = {}
     follower = dashboard = None
     try:
-        cfg = prepare(cfg, metric_logger)
+        cfg = prepare(cfg, metric_logger, stages_cache)
         resolved = out / "config.yaml"
         resolved.write_text(dump_config(cfg))
         ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
@@ -213,7 +215,8 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger) -> int
         follower = MetricsFollower(cfg.kafka, cfg.namespace, metric_logger)
         follower.start_lag_thread()
         last_line, lines, last_profile = 0.0, 0, None
-        deadline = t_start + cfg.max_wall_s if cfg.max_wall_s else None
+        # the loop's own time: preparation, warm-up stages and the start eval are not counted
+        deadline = time.monotonic() + cfg.max_wall_s if cfg.max_wall_s else None
         while procs["trainer"].poll() is None or procs["trainer"].returncode != 0:
             view = follower.poll(0.5)
             for name, p in procs.items():

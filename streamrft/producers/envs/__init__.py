@@ -34,6 +34,7 @@ Shipped: `guess_number` (a multi-turn game the tiny CPU model can learn) and `ca
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 from streamrft.producers.envs.base import Environment, StepResult
@@ -62,6 +63,26 @@ ALPHABETS: dict[str, str] = {"guess_number": guess_number.ALPHABET, "calculator"
 """Every character each shipped environment's tasks and turns can hold (a char tokenizer's vocabulary)."""
 
 
+def _own(import_path: str, name: str) -> Any:
+    """Attribute `name` of the environment class at `import_path`, else of its module (None: neither)."""
+    cls = env_factory(None, import_path).func
+    found = getattr(cls, name, None)
+    return found if found is not None else getattr(sys.modules[cls.__module__], name, None)
+
+
+def env_players(type: str | None, import_path: str | None = None) -> dict[str, Player] | None:
+    """An environment's scripted players by name (warm-up demonstrations, `data.demos`): a shipped
+    one's `PLAYERS[type]`; your own environment's `PLAYERS` dict, on its class or in its module."""
+    return _own(import_path, "PLAYERS") if import_path else PLAYERS.get(type)
+
+
+def env_alphabet(type: str | None, import_path: str | None = None) -> str | None:
+    """Every character an environment's tasks and turns can hold (a char tokenizer's vocabulary):
+    a shipped one's `ALPHABETS[type]`; your own environment's `ALPHABET` string, on its class or in
+    its module."""
+    return _own(import_path, "ALPHABET") if import_path else ALPHABETS.get(type)
+
+
 def env_factory(type: str | None, import_path: str | None = None, params: dict[str, Any] | None = None) -> EnvFactory:
     """A zero-argument callable making fresh environments: the class at `import_path`
     ("pkg.module:Class", wins over `type`) or `ENVIRONMENTS[type]`, called with `params`."""
@@ -69,7 +90,12 @@ def env_factory(type: str | None, import_path: str | None = None, params: dict[s
     # here because its package imports torch, which an environment on its own never needs
     from streamrft.engine.algorithms.registry import resolve
 
-    cls = resolve(ENVIRONMENTS, type, import_path)
+    try:
+        cls = resolve(ENVIRONMENTS, type, import_path)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"explorer.env.import_path {import_path!r}: {e}. Put its folder on PYTHONPATH (or "
+                                  "install it): `streamrft run` and every explorer, evaluator and gateway import it "
+                                  "(docs/environments.md)", name=e.name) from e
     return functools.partial(cls, **(params or {}))
 
 
