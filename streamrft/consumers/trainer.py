@@ -222,7 +222,7 @@ class Trainer(Intake, UpdateLoop):
         if self._in_store is None:
             self._in_store = set(self.store.list_versions(self.cfg.weights_key))
         self._in_store.add(v)
-        self._in_store -= set(self.store.gc(self.cfg.weights_key, self.tc.keep_versions, versions=sorted(self._in_store)))
+        self._in_store -= set(self.store.gc(self.cfg.weights_key, self.tc.keep_versions, versions=self._in_store))
 
     def _write_checkpoint_files(self) -> tuple | None:
         """Step 1 of a checkpoint (every rank: DeepSpeed writes shards collectively): the state as

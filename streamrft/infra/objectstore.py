@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,7 +257,7 @@ class WeightStore:
         for err in self._retry(f"remove {prefix}*", lambda: list(self.client.remove_objects(self.bucket, objs))):
             raise RuntimeError(f"could not delete {err.name}: {err.message}")
 
-    def gc(self, model: str, keep: int, versions: list[int] | None = None) -> list[int]:
+    def gc(self, model: str, keep: int, versions: Iterable[int] | None = None) -> list[int]:
         """Delete all but the newest `keep` versions, and every version a kept delta version's chain
         needs (its full snapshot `meta["snapshot"]` and the deltas after it: `engine.delta`);
         returns the versions deleted.

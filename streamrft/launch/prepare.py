@@ -102,13 +102,13 @@ def _stage_demonstrations(stage: StageConfig, cfg: RunConfig):
     if ex.env is None:
         raise ValueError("stage data.demos plays explorer.env's scripted players: explorer.env is not set")
     players = env_players(ex.env.type, ex.env.import_path)
+    if not players and ex.env.import_path:
+        raise ValueError(f"stage data.demos needs the environment's scripted players: explorer.env.import_path "
+                         f"{ex.env.import_path!r} has no PLAYERS dict (on its class or in its module: "
+                         "{name: player(task, env, turns) -> action text})")
     if not players:
-        raise ValueError(
-            f"stage data.demos needs the environment's scripted players: explorer.env.import_path "
-            f"{ex.env.import_path!r} has no PLAYERS dict (on its class or in its module: "
-            "{name: player(task, env, turns) -> action text})" if ex.env.import_path else
-            f"stage data.demos needs explorer.env.type in {sorted(PLAYERS)} (its scripted players), or your own "
-            f"environment (explorer.env.import_path) with a PLAYERS dict; got {ex.env.type!r}")
+        raise ValueError(f"stage data.demos needs explorer.env.type in {sorted(PLAYERS)} (its scripted players), or "
+                         f"your own environment (explorer.env.import_path) with a PLAYERS dict; got {ex.env.type!r}")
     size, seed = data.get("size", 500), data.get("seed", 0)
     if ex.env.import_path:
         if not cfg.data.train:
