@@ -155,6 +155,31 @@ def test_top_level_must_be_a_mapping(tmp_path):
         load_config(path)
 
 
+def test_input_paths_are_found_next_to_the_config_file(tmp_path, monkeypatch):
+    project, elsewhere = tmp_path / "my_project", tmp_path / "elsewhere"
+    (project / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    for name in ("tasks.jsonl", "eval.jsonl", "data/pairs.jsonl", "data/expert.jsonl"):
+        (project / name).write_text("{}\n")
+    (project / "run.yaml").write_text(
+        "model: {path: models/tiny}\n"  # found nowhere: built from the working directory, as before
+        "data: {train: tasks.jsonl, eval: eval.jsonl}\n"
+        "stages: [{type: sft, steps: 1, data: {path: data/pairs.jsonl}}]\n"
+        "trainer: {sft_mix: {path: data/expert.jsonl}}\n"
+        "output_dir: out/run\n")
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(Path("..") / "my_project" / "run.yaml")
+    assert cfg.data.train == str(project / "tasks.jsonl") and cfg.data.eval == str(project / "eval.jsonl")
+    assert cfg.stages[0].data["path"] == str(project / "data" / "pairs.jsonl")
+    assert cfg.trainer.sft_mix.path == str(project / "data" / "expert.jsonl")
+    assert cfg.model.path == "models/tiny" and cfg.output_dir == "out/run"  # outputs: the working directory
+    # a file there from the working directory wins (configs written for the repo root keep working),
+    # and a path given as an override is taken as given
+    (elsewhere / "tasks.jsonl").write_text("{}\n")
+    assert load_config(project / "run.yaml").data.train == "tasks.jsonl"
+    assert load_config(project / "run.yaml", ["data.eval=mine.jsonl"]).data.eval == "mine.jsonl"
+
+
 def test_reward_term_needs_a_name(inline_yaml):
     with pytest.raises(ConfigError, match="stream_ops.rewards.0"):
         load_config(inline_yaml, ["stream_ops.rewards=[{weight: 1.0}]"])

@@ -259,11 +259,47 @@ def parse_config(raw: dict) -> RunConfig:
         raise ConfigError(_format_error(e)) from None
 
 
+INPUT_PATHS = (("data", "train"), ("data", "eval"), ("model", "path"), ("model", "source"),
+               ("trainer", "sft_mix", "path"))
+"""Fields naming files the run reads (besides each stage's `data.path`). Written relative, each is
+looked for from the working directory first, then next to the config file (`resolve_inputs`)."""
+
+
+def _next_to(value: Any, folder: Path) -> Any:
+    if not isinstance(value, str) or not value or Path(value).is_absolute() or ":" in value.split("/")[0]:
+        return value  # absolute, empty or a source like `pypi:...`
+    if Path(value).exists():
+        return value  # there from the working directory: as before
+    there = folder / value
+    return str(there.resolve()) if there.exists() else value  # nowhere yet: built or generated here
+
+
+def resolve_inputs(raw: dict, folder: Path) -> dict:
+    """A relative input path that is not there from the working directory but is there next to the
+    config file becomes that file's absolute path, so `streamrft run my_project/run.yaml` finds
+    `my_project/tasks.jsonl` written as `tasks.jsonl`. Outputs (`output_dir`, `stack.data_dir`)
+    stay relative to the working directory, and so does an input found nowhere (a synthetic task
+    file or a tiny model is then generated there)."""
+    for keys in INPUT_PATHS:
+        node = raw
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and keys[-1] in node:
+            node[keys[-1]] = _next_to(node[keys[-1]], folder)
+    for stage in raw.get("stages") or []:
+        data = stage.get("data") if isinstance(stage, dict) else None
+        if isinstance(data, dict) and "path" in data:
+            data["path"] = _next_to(data["path"], folder)
+    return raw
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config at `path` (its input files resolved by `resolve_inputs`), then `overrides`,
+    whose paths are taken as given (relative to the working directory)."""
     raw = yaml.load(Path(path).read_text(), Loader=_Loader) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    return parse_config(apply_overrides(raw, overrides or []))
+    return parse_config(apply_overrides(resolve_inputs(raw, Path(path).resolve().parent), overrides or []))
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -82,14 +82,15 @@ class LogKeeperConfig(Section):
     objects (one per produce request) up into large ones, since the broker lists all of a
     partition's objects on every fetch."""
     enabled: bool = True
-    every_s: float = Field(5.0, gt=0, le=3600)
+    every_s: float = Field(2.0, gt=0, le=3600)
     """Seconds between two passes over every partition."""
-    min_age_s: float = Field(10.0, ge=0, le=86400)
-    """Objects younger than this are left alone: a neighbour the broker lists late may still come
-    (consumers wait `kafka.gap_wait_s` for one, 10 s by default, then take its offsets as empty)."""
+    min_age_s: float = Field(3.0, ge=0, le=86400)
+    """Objects younger than this are left alone. A hole (a request whose offsets the broker gave
+    out and whose object is not written or listed yet) never ends up inside a merged object, at any
+    age: a merge stops at a batch that does not follow the one before it."""
     target_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
     """Size of a merged object (a fetch returns at least one whole object)."""
-    min_run: int = Field(16, ge=2)
+    min_run: int = Field(8, ge=2)
     """A partition is rolled up once it holds at least this many small old objects."""
 
 

@@ -8,8 +8,9 @@ a few thousand requests answers fetches slower and slower; past ~15,000 a consum
 third process) and, every `every_s`, merges each run of older small objects of a partition into
 objects of up to `target_bytes` (`segments.merge`: every record's offset, timestamp, key, value and
 headers kept), so a partition holds about bytes / `target_bytes` objects however many requests
-wrote it. Only objects older than `min_age_s` are touched: the broker writes a batch's object after
-giving it its offsets, so a younger neighbour may still be missing (`offset_gaps.py`).
+wrote it. Only objects older than `min_age_s` are touched, and a merge stops at a batch that does
+not follow the one before it: the broker writes a batch's object after giving it its offsets, so a
+neighbour may still be missing (`offset_gaps.py`), and no merged object may span its hole.
 
 A roll-up writes the merged object over the first object's name, then deletes the others in one
 request. A fetch that lists the partition between the two can return the merged records and the old
@@ -78,8 +79,8 @@ def _base(name: str) -> int:
 class LogKeeper:
     """Roll-ups over the broker's bucket, through a minio client (`client`)."""
 
-    def __init__(self, client, bucket: str = "tansu", min_age_s: float = 10.0, target_bytes: int = 1 << 20,
-                 min_run: int = 16, cluster: str = CLUSTER, journal: str = PENDING):
+    def __init__(self, client, bucket: str = "tansu", min_age_s: float = 3.0, target_bytes: int = 1 << 20,
+                 min_run: int = 8, cluster: str = CLUSTER, journal: str = PENDING):
         self.client, self.bucket, self.journal = client, bucket, journal
         self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="log-keeper")
         self.min_age_s, self.target_bytes, self.min_run = min_age_s, target_bytes, min_run
@@ -202,7 +203,8 @@ class LogKeeper:
                     log.warning("%s left as it is: %s", o.name, e)
                 if batch is None or not batch.mergeable:
                     self.stats.unmergeable += 1
-            if batch is not None and batch.mergeable:
+            contiguous = not batches or batch is None or batch.base_offset == batches[-1][1].last_offset + 1
+            if batch is not None and batch.mergeable and contiguous:
                 batches.append((o, batch))
                 continue
             if len(batches) > 1:
@@ -218,7 +220,9 @@ class LogKeeper:
                 self.stats.merged_objects += len(batches)
                 self.stats.written_objects += 1
                 gone += len(batches) - 1
-            batches = []
+            # a batch after a hole (a request whose offsets the broker gave out and whose object
+            # is not written yet) starts the next merge: no object ever spans a hole
+            batches = [(o, batch)] if batch is not None and batch.mergeable and not contiguous else []
         return gone
 
     # ---- every partition ------------------------------------------------------------------------
@@ -267,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--s3", required=True, help="host:port of the broker's S3 store")
     ap.add_argument("--bucket", default=TANSU_BUCKET)
-    ap.add_argument("--every-s", type=float, default=5.0)
-    ap.add_argument("--min-age-s", type=float, default=10.0)
+    ap.add_argument("--every-s", type=float, default=2.0)
+    ap.add_argument("--min-age-s", type=float, default=3.0)
     ap.add_argument("--target-bytes", type=int, default=1 << 20)
-    ap.add_argument("--min-run", type=int, default=16)
+    ap.add_argument("--min-run", type=int, default=8)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s log-keeper %(levelname)s %(message)s")
     keeper = LogKeeper(Minio(args.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False), args.bucket,

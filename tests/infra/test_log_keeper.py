@@ -131,10 +131,33 @@ def test_a_journal_whose_write_never_happened_deletes_nothing(stack, namespace):
     assert [m.value() for m in read_topic(kafka, topic)] == [b"0", b"1", b"2"]
 
 
+def test_a_merge_never_spans_a_hole_the_broker_has_not_written_yet(stack, namespace):
+    kafka = stack.kafka.model_copy(update={"partitions": 1})
+    topic = topic_name(namespace, "metrics")
+    ensure_topics(kafka, {topic: run_topics(kafka, namespace)[topic]})
+    producer = make_producer(kafka)
+    for i in range(7):  # fewer than the stack keeper's min_run: it leaves them alone
+        producer.produce(topic, key=b"k", value=b"%d" % i)
+        flush_or_raise(producer)  # one object each, offsets 0..6
+    client = _tansu(stack)
+    names = sorted(_objects(client, topic)[0])
+    assert len(names) == 7
+    # offset 3's request: its offsets given out, its object not written yet (or not listed yet)
+    late = LogKeeper(client, journal=f"test-journals/{namespace}.json", min_age_s=0, min_run=2)
+    held = late._read(names[3])
+    client.remove_object(TANSU_BUCKET, names[3])
+    prefix = names[0][:names[0].index("/records/") + len("/records/")]
+    late.roll_up(prefix, now=time.time() + 60)
+    # the first and the newest stay; 1-2 and 4-5 merge on each side of the hole, never across it
+    assert sorted(_objects(client, topic)[0]) == [names[0], names[1], names[4], names[6]]
+    client.put_object(TANSU_BUCKET, names[3], _Bytes(held), len(held))  # the late write lands
+    assert [m.value() for m in read_topic(kafka, topic)] == [b"%d" % i for i in range(7)]
+
+
 def test_the_rest_after_a_pass_grows_with_its_listing_not_its_merging():
     from streamrft.infra.log_keeper import DUTY_REST, KeeperStats, rest_after
 
-    assert rest_after(KeeperStats(list_s=0.1), every_s=5.0) == 5.0  # a run's broker: every 5 s
+    assert rest_after(KeeperStats(list_s=0.1), every_s=5.0) == 5.0  # a run's broker: every `every_s`
     assert rest_after(KeeperStats(list_s=2.0), every_s=5.0) == DUTY_REST * 2.0  # many topics: a longer rest
     merged_long = KeeperStats(list_s=0.2, merged_objects=7161)  # a pass that merged for minutes
     assert rest_after(merged_long, every_s=5.0) == 5.0
