@@ -125,13 +125,32 @@ def free_ports(host: str = "127.0.0.1") -> dict[str, int]:
     raise StackError(f"no block of 11 free ports between {bottom} and {top} on {host}")
 
 
+FILER_STORES = ("leveldb2", "sqlite")
+"""SeaweedFS's metadata store for the embedded stack (`stack.filer_store`). `leveldb2` is weed's
+default. `sqlite` (in WAL mode, synced at checkpoints) deletes a removed object's entry in place,
+where LevelDB keeps a tombstone that every listing of the folder walks until a compaction reaches
+it: the broker lists a partition on every fetch, and its log keeper deletes what it merges
+(docs/broker-growth.md)."""
+
+
+def filer_toml(store: str, s3_dir: Path) -> str | None:
+    """`filer.toml` (read by weed from its working directory) for `store`; None: weed's default."""
+    if store == "leveldb2":
+        return None
+    if store == "sqlite":
+        dsn = f"file:{s3_dir / 'filer.db'}?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=busy_timeout(10000)"
+        return f'[leveldb2]\nenabled = false\n\n[sqlite]\nenabled = true\ndbFile = "{dsn}"\n'
+    raise StackError(f"stack.filer_store={store!r}: must be one of {list(FILER_STORES)}")
+
+
 class EmbeddedStack:
     """Start, find, stop the embedded broker + S3 server recorded under `data_dir`."""
 
     def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", kafka_port: int = 9092,
                  s3_port: int = 8333, weed_port_base: int = 19400, buckets: tuple[str, ...] = ("weights",),
-                 log_keeper: dict | None = None):
+                 log_keeper: dict | None = None, filer_store: str = "leveldb2"):
         self.data_dir = Path(data_dir).resolve()
+        self.filer_store = filer_store
         # the log keeper's options (`log_keeper.main`: every_s, min_age_s, target_bytes, min_run);
         # {"enabled": False} runs the broker without it
         self.log_keeper = dict(log_keeper or {})
@@ -163,7 +182,26 @@ class EmbeddedStack:
         return {name: pid_alive(p.pid, p.cmd[0]) for name, p in state.procs.items()}
 
     # ---- commands ------------------------------------------------------------------------
+    def _filer_store(self) -> str:
+        """The store this data dir was made with (a store's files found), else the one asked for: a
+        stack keeps its store for life, since another would start with no objects."""
+        s3_dir = self.data_dir / "s3"
+        if (s3_dir / "filer.db").exists():
+            found = "sqlite"
+        elif (s3_dir / "filerldb2").exists():
+            found = "leveldb2"
+        else:
+            found = self.filer_store
+        toml, text = self.data_dir / "filer.toml", filer_toml(found, s3_dir)
+        if text is None:
+            toml.unlink(missing_ok=True)
+        else:
+            toml.write_text(text)
+        return found
+
     def _weed_cmd(self, s: StackState) -> list[str]:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._filer_store()
         b = s.weed_port_base
         return [
             weed_binary(), "mini", f"-dir={self.data_dir / 's3'}", f"-ip={s.host}", f"-ip.bind={s.host}",
@@ -319,7 +357,8 @@ class EmbeddedStack:
 def embedded_stack(stack, s3) -> "EmbeddedStack":
     """The embedded stack a config's `stack` section describes (not started)."""
     return EmbeddedStack(stack.data_dir, stack.host, stack.kafka_port, stack.s3_port, stack.weed_port_base,
-                         buckets=(s3.bucket,), log_keeper=stack.log_keeper.model_dump())
+                         buckets=(s3.bucket,), log_keeper=stack.log_keeper.model_dump(),
+                         filer_store=stack.filer_store)
 
 
 def resolve_clients(stack, kafka, s3):
