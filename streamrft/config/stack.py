@@ -94,6 +94,10 @@ class LogKeeperConfig(Section):
     """A partition is rolled up once it holds at least this many small old objects."""
 
 
+FILER_STORES = ("leveldb2", "sqlite")
+"""SeaweedFS metadata stores the embedded stack can start with (`infra/stack.py` `filer_toml`)."""
+
+
 class StackConfig(Section):
     embedded: bool = True
     """Start the embedded broker + S3 server (`streamrft up`); false = use `kafka`/`s3` as given."""
@@ -104,7 +108,7 @@ class StackConfig(Section):
     weed_port_base: int = Field(19400, ge=1, le=65535 - 8)
     """First of the 9 internal SeaweedFS ports (master, volume, filer, admin and their gRPC ports)."""
     log_keeper: LogKeeperConfig = Field(default_factory=LogKeeperConfig)
-    filer_store: Literal["leveldb2", "sqlite"] = "leveldb2"
+    filer_store: Literal[FILER_STORES] = "leveldb2"
     """SeaweedFS's metadata store, chosen when the data dir is made (an existing one keeps its own):
     `sqlite` keeps no tombstones for the listings the broker makes on every fetch
-    (`infra/stack.py` FILER_STORES, docs/broker-growth.md)."""
+    (`infra/stack.py` `filer_toml`, docs/broker-growth.md)."""

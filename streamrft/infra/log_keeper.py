@@ -30,11 +30,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from streamrft.config.stack import LogKeeperConfig
 from streamrft.infra.objectstore import read_object
 from streamrft.infra.segments import HEADER, BatchError, merge, parse_batch
 
 log = logging.getLogger(__name__)
 
+DEFAULTS = LogKeeperConfig()  # `stack.log_keeper`'s defaults, the keeper's own when run by hand
 CLUSTER = "tansu_cluster"
 READERS = 8  # concurrent GETs of a run's objects
 PENDING = "streamrft-log-keeper/pending.json"  # the roll-up in progress: the names it deletes after its write
@@ -79,8 +81,9 @@ def _base(name: str) -> int:
 class LogKeeper:
     """Roll-ups over the broker's bucket, through a minio client (`client`)."""
 
-    def __init__(self, client, bucket: str = "tansu", min_age_s: float = 3.0, target_bytes: int = 1 << 20,
-                 min_run: int = 8, cluster: str = CLUSTER, journal: str = PENDING):
+    def __init__(self, client, bucket: str = "tansu", min_age_s: float = DEFAULTS.min_age_s,
+                 target_bytes: int = DEFAULTS.target_bytes, min_run: int = DEFAULTS.min_run,
+                 cluster: str = CLUSTER, journal: str = PENDING):
         self.client, self.bucket, self.journal = client, bucket, journal
         self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="log-keeper")
         self.min_age_s, self.target_bytes, self.min_run = min_age_s, target_bytes, min_run
@@ -271,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--s3", required=True, help="host:port of the broker's S3 store")
     ap.add_argument("--bucket", default=TANSU_BUCKET)
-    ap.add_argument("--every-s", type=float, default=2.0)
-    ap.add_argument("--min-age-s", type=float, default=3.0)
-    ap.add_argument("--target-bytes", type=int, default=1 << 20)
-    ap.add_argument("--min-run", type=int, default=8)
+    ap.add_argument("--every-s", type=float, default=DEFAULTS.every_s)
+    ap.add_argument("--min-age-s", type=float, default=DEFAULTS.min_age_s)
+    ap.add_argument("--target-bytes", type=int, default=DEFAULTS.target_bytes)
+    ap.add_argument("--min-run", type=int, default=DEFAULTS.min_run)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s log-keeper %(levelname)s %(message)s")
     keeper = LogKeeper(Minio(args.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False), args.bucket,

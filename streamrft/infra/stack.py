@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from streamrft.config.stack import FILER_STORES
+
 TANSU_BUCKET = "tansu"
 S3_KEY = "streamrft"  # the embedded S3 runs without auth; any key pair is accepted
 
@@ -125,16 +127,12 @@ def free_ports(host: str = "127.0.0.1") -> dict[str, int]:
     raise StackError(f"no block of 11 free ports between {bottom} and {top} on {host}")
 
 
-FILER_STORES = ("leveldb2", "sqlite")
-"""SeaweedFS's metadata store for the embedded stack (`stack.filer_store`). `leveldb2` is weed's
-default. `sqlite` (in WAL mode, synced at checkpoints) deletes a removed object's entry in place,
-where LevelDB keeps a tombstone that every listing of the folder walks until a compaction reaches
-it: the broker lists a partition on every fetch, and its log keeper deletes what it merges
-(docs/broker-growth.md)."""
-
-
 def filer_toml(store: str, s3_dir: Path) -> str | None:
-    """`filer.toml` (read by weed from its working directory) for `store`; None: weed's default."""
+    """`filer.toml` (read by weed from its working directory) for SeaweedFS's metadata store
+    `store` (`stack.filer_store`); None: weed's default, `leveldb2`. `sqlite` (in WAL mode, synced
+    at checkpoints) deletes a removed object's entry in place, where LevelDB keeps a tombstone that
+    every listing of the folder walks until a compaction reaches it: the broker lists a partition
+    on every fetch, and its log keeper deletes what it merges (docs/broker-growth.md)."""
     if store == "leveldb2":
         return None
     if store == "sqlite":
@@ -182,26 +180,26 @@ class EmbeddedStack:
         return {name: pid_alive(p.pid, p.cmd[0]) for name, p in state.procs.items()}
 
     # ---- commands ------------------------------------------------------------------------
-    def _filer_store(self) -> str:
-        """The store this data dir was made with (a store's files found), else the one asked for: a
-        stack keeps its store for life, since another would start with no objects."""
+    def _spawn_weed(self, s: StackState) -> Proc:
+        """Start weed with the filer store this data dir was made with (a store's files found), else
+        the one asked for: a stack keeps its store for life, since another would start with no
+        objects. weed reads `filer.toml` from its working directory, the data dir."""
         s3_dir = self.data_dir / "s3"
         if (s3_dir / "filer.db").exists():
-            found = "sqlite"
+            store = "sqlite"
         elif (s3_dir / "filerldb2").exists():
-            found = "leveldb2"
+            store = "leveldb2"
         else:
-            found = self.filer_store
-        toml, text = self.data_dir / "filer.toml", filer_toml(found, s3_dir)
+            store = self.filer_store
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        toml, text = self.data_dir / "filer.toml", filer_toml(store, s3_dir)
         if text is None:
             toml.unlink(missing_ok=True)
         else:
             toml.write_text(text)
-        return found
+        return self._spawn("weed", self._weed_cmd(s))
 
     def _weed_cmd(self, s: StackState) -> list[str]:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._filer_store()
         b = s.weed_port_base
         return [
             weed_binary(), "mini", f"-dir={self.data_dir / 's3'}", f"-ip={s.host}", f"-ip.bind={s.host}",
@@ -242,7 +240,7 @@ class EmbeddedStack:
         alive = self.running()
         if not alive.get("weed"):
             self._ensure_free(state.host, [state.s3_port, state.weed_port_base, state.weed_port_base + 2])
-            state.procs["weed"] = self._spawn("weed", self._weed_cmd(state))
+            state.procs["weed"] = self._spawn_weed(state)
             self._save(state)
         self._wait_s3(state, timeout)
         if not alive.get("tansu"):
@@ -261,7 +259,7 @@ class EmbeddedStack:
         if state is None:
             raise StackError("no stack recorded; run up() first")
         if name == "weed":
-            state.procs["weed"] = self._spawn("weed", self._weed_cmd(state))
+            state.procs["weed"] = self._spawn_weed(state)
         else:
             state.procs["tansu"] = self._spawn("tansu", self._tansu_cmd(state), self._tansu_env(state))
         self._save(state)
