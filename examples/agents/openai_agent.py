@@ -160,7 +160,8 @@ def main() -> int:
                 line += f" | eval {evals[-1]:.3f}"
             print(line, flush=True)
         evals.append(evaluate(client, pool, args.model))
-    except (openai.APIConnectionError, httpx.ConnectError):
+    except (openai.APIConnectionError, httpx.TransportError):
+        # refused, reset or cut mid-answer: a run that ends closes its gateway under calls in flight
         print("agent: the gateway went away (the run ended)", flush=True)
     finally:
         pool.shutdown(cancel_futures=True)
