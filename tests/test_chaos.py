@@ -1,8 +1,9 @@
 """Chaos: the demo loop as separate role processes on a private stack, with kill -9 at random.
 
 Two explorers, one stream-ops worker and the trainer run as `streamrft explore|score|train`
-processes, supervised as compose's `restart: on-failure` would (a role that dies is started
-again; a trainer that exits 0 has finished). At seeded random moments, each after the trainer has
+processes, forked from the fork server as `streamrft run` starts the CPU demo's roles
+(`fork_roles`), and supervised as compose's `restart: on-failure` would (a role that dies is
+started again; a trainer that exits 0 has finished). At seeded random moments, each after the trainer has
 made progress since the previous kill, the test kills with SIGKILL: explorers, the stream-ops
 worker, the trainer, the broker (Tansu) and the S3 server (SeaweedFS, which holds the broker's log),
 restarting the servers after a random pause. Afterwards, from durable records only:
@@ -24,7 +25,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,13 +34,14 @@ import pytest
 from streamrft.config import dump_config, load_config
 from streamrft.infra.kafka import committed_offsets, partition_ends
 from streamrft.infra.stack import pid_alive
+from streamrft.launch.roles import Role, spawn, start_server
 from streamrft.schemas import DeadLetter, ExperienceGroup, RolloutGroup, WeightVersion, decode, topic_name
 from tests_helpers import demo_overrides, read_all, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "cpu_demo.yaml"
 SEED = int(os.environ.get("STREAMRFT_CHAOS_SEED", "7"))
-MAX_STEPS = 120  # the chaos (8 kills, 2-8 s apart) must end first: at ~0.3 s a version, 40 did not last
+MAX_STEPS = 90  # the chaos (8 kills, 2-8 s apart) must end first: with forked restarts it ended at v46 (seed 7)
 VICTIMS = ["explorer", "explorer", "stream-ops", "stream-ops", "trainer", "trainer", "tansu", "weed"]
 PROGRESS_TIMEOUT_S = 240  # no new trainer version for this long, all roles up: a stall
 
@@ -54,7 +55,7 @@ class Roles:
         self.config, self.logs = config, logs
         self.args = {"trainer": ["train"], "stream-ops": ["score"],
                      "explorer-0": ["explore", "--index", "0"], "explorer-1": ["explore", "--index", "1"]}
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, Role] = {}
         self.pids: list[int] = []
         self.starts: Counter = Counter()
         self.exits: list[tuple[str, int]] = []
@@ -63,12 +64,11 @@ class Roles:
 
     def start(self, name: str) -> None:
         cmd, *rest = self.args[name]
-        log = open(self.logs / f"{name}.log", "ab")
-        log.write(f"\n==== start {self.starts[name] + 1} at {time.time():.1f}\n".encode())
-        log.flush()
-        p = subprocess.Popen([sys.executable, "-m", "streamrft.cli", cmd, str(self.config), *rest],
-                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                             start_new_session=True)
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as fh:
+            fh.write(f"\n==== start {self.starts[name] + 1} at {time.time():.1f}\n".encode())
+        # forked from the fork server, as `streamrft run` starts the CPU demo's roles (`fork_roles`)
+        p = spawn([cmd, str(self.config), *rest], log, fork=True)
         self.procs[name] = p
         self.pids.append(p.pid)
         self.starts[name] += 1
@@ -123,6 +123,7 @@ def test_kill_every_role_and_both_servers_loses_nothing_and_trains_nothing_twice
 
     ensure_topics(kafka, run_topics(kafka, ns, [cfg.explorer.team]))
 
+    start_server()
     roles = Roles(config, tmp_path / "logs")
     for name in roles.args:
         roles.start(name)

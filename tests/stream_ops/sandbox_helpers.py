@@ -43,14 +43,22 @@ def descendants() -> list[tuple[int, str]]:
     return sorted(out)
 
 
+def _ours(scratch: str, mine: set[int]) -> bool:
+    """A run tmpfs made by this process or one below it, or by a process that is gone: not one of a
+    live process elsewhere (another pytest-xdist worker's runs, which come and go meanwhile)."""
+    m = re.match(r"streamrft-jail-(\d+)-", os.path.basename(scratch))
+    return m is None or int(m[1]) in mine or not os.path.exists(f"/proc/{m[1]}")
+
+
 def leftovers() -> dict:
     """Everything of this process's sandbox runs that exists now, once the warm jails are destroyed."""
     close_pools()
+    mine = {os.getpid(), *(pid for pid, _ in descendants())}
     found = cgroup_bases()
     cgroups = sorted(d for base in (found[1] if found else ()) for d in glob.glob(os.path.join(base, f"w{os.getpid()}-*")))
     ipc = {kind: len(Path(f"/proc/sysvipc/{kind}").read_text().splitlines()) for kind in ("shm", "msg", "sem")}
     return {"processes": [p for p in descendants() if p[1] in ("bwrap", "python3.11", "python3", "python")],
-            "cgroups": cgroups, "scratch": sorted(glob.glob("/tmp/streamrft-jail-*")), "ipc": ipc}
+            "cgroups": cgroups, "scratch": sorted(d for d in glob.glob("/tmp/streamrft-jail-*") if _ours(d, mine)), "ipc": ipc}
 
 
 def gave(reason: str, test: int) -> str:
