@@ -3,8 +3,8 @@
 Two explorers, one stream-ops worker and the trainer run as `streamrft explore|score|train`
 processes, forked from the fork server as `streamrft run` starts the CPU demo's roles
 (`fork_roles`), and supervised as compose's `restart: on-failure` would (a role that dies is
-started again; a trainer that exits 0 has finished). At seeded random moments, each after the trainer has
-made progress since the previous kill, the test kills with SIGKILL: explorers, the stream-ops
+started again; a trainer that exits 0 has finished). At seeded random moments, each after the
+trainer has made progress since the previous kill, the test kills with SIGKILL: explorers, the stream-ops
 worker, the trainer, the broker (Tansu) and the S3 server (SeaweedFS, which holds the broker's log),
 restarting the servers after a random pause. Afterwards, from durable records only:
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from streamrft.stream_ops.sandbox import Limits, close_pools
-from streamrft.stream_ops.sandbox.jail import cgroup_bases
+from streamrft.stream_ops.sandbox.jail import SCRATCH_PREFIX, cgroup_bases
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
 HONEST = "def add(a, b):\n    return a + b"
@@ -46,19 +46,21 @@ def descendants() -> list[tuple[int, str]]:
 def _ours(scratch: str, mine: set[int]) -> bool:
     """A run tmpfs made by this process or one below it, or by a process that is gone: not one of a
     live process elsewhere (another pytest-xdist worker's runs, which come and go meanwhile)."""
-    m = re.match(r"streamrft-jail-(\d+)-", os.path.basename(scratch))
+    m = re.match(re.escape(SCRATCH_PREFIX) + r"(\d+)-", os.path.basename(scratch))
     return m is None or int(m[1]) in mine or not os.path.exists(f"/proc/{m[1]}")
 
 
 def leftovers() -> dict:
     """Everything of this process's sandbox runs that exists now, once the warm jails are destroyed."""
     close_pools()
-    mine = {os.getpid(), *(pid for pid, _ in descendants())}
+    below = descendants()
+    mine = {os.getpid(), *(pid for pid, _ in below)}
     found = cgroup_bases()
     cgroups = sorted(d for base in (found[1] if found else ()) for d in glob.glob(os.path.join(base, f"w{os.getpid()}-*")))
     ipc = {kind: len(Path(f"/proc/sysvipc/{kind}").read_text().splitlines()) for kind in ("shm", "msg", "sem")}
-    return {"processes": [p for p in descendants() if p[1] in ("bwrap", "python3.11", "python3", "python")],
-            "cgroups": cgroups, "scratch": sorted(d for d in glob.glob("/tmp/streamrft-jail-*") if _ours(d, mine)), "ipc": ipc}
+    scratch = sorted(d for d in glob.glob(f"/tmp/{SCRATCH_PREFIX}*") if _ours(d, mine))
+    return {"processes": [p for p in below if p[1] in ("bwrap", "python3.11", "python3", "python")],
+            "cgroups": cgroups, "scratch": scratch, "ipc": ipc}
 
 
 def gave(reason: str, test: int) -> str:
