@@ -386,8 +386,9 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["explorer.workflow=multi_turn"], "explorer: workflow='multi_turn' needs an environment: set explorer.env"),
     (["explorer.workflow=step_wise"], "explorer: workflow='step_wise' needs an environment"),
     (["explorer.env={params: {a: 1}}"], "explorer.env: an environment needs `type` or `import_path`"),
-    (["explorer.scheduling=per_episode"], "explorer: scheduling='per_episode' schedules episodes of the multi-turn "
-                                          "workflows ['multi_turn', 'step_wise'] (got workflow='single_turn')"),
+    (["explorer.scheduling=per_episode", "explorer.workflow_import_path=my.mod:flow"],
+     "explorer: scheduling='per_episode' schedules the shipped workflows ['single_turn', 'multi_turn', 'step_wise'], "
+     "not a workflow_import_path: use scheduling='lockstep'"),
     (["explorer.scheduling=async"], "explorer.scheduling: Input should be 'lockstep' or 'per_episode'"),
     (["explorer.workflow=multi_turn", "explorer.env={type: calculator}", "explorer.scheduling=per_episode",
       "explorer.group_size=8", "explorer.max_concurrent_episodes=4"],

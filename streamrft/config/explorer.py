@@ -191,11 +191,13 @@ class ExplorerConfig(Section):
     max_groups: int | None = Field(None, ge=1)
     """Stop after publishing this many groups (None = until the run ends)."""
     scheduling: Literal["lockstep", "per_episode"] = "lockstep"
-    """Multi-turn: `lockstep` plays a batch's episodes turn by turn together, stepping each
-    environment in turn (a slow step stalls the batch; a group goes out when the batch ends);
-    `per_episode` keeps up to `max_concurrent_episodes` episodes in flight, each advancing when its
-    environment has answered, the engine batching whatever prompts are ready, and publishes a group
-    as soon as its episodes have ended (`producers/workflows/scheduler.py`)."""
+    """`lockstep` reserves, generates and publishes a batch of `tasks_per_batch` tasks at a time;
+    multi-turn, it plays the batch's episodes turn by turn together, stepping each environment in
+    turn (a slow step stalls the batch; a group goes out when the batch ends). `per_episode` keeps up
+    to `max_concurrent_episodes` episodes (single-turn: samples) in flight, each advancing when its
+    environment has answered, the engine batching whatever prompts are ready, decides admission
+    ahead of need and publishes a group as soon as its episodes have ended, beside the engine
+    (`producers/episode_loop.py`, `producers/workflows/scheduler.py`)."""
     max_concurrent_episodes: int = Field(64, ge=1)
     """`per_episode`: episodes in flight at most (whole groups: at least `group_size`)."""
     env_threads: int = Field(16, ge=1)
@@ -223,10 +225,9 @@ class ExplorerConfig(Section):
         if self.workflow_import_path is None and self.workflow != "single_turn" and self.env is None:
             raise ValueError(f"workflow={self.workflow!r} needs an environment: set explorer.env")
         if self.scheduling == "per_episode":
-            if self.workflow_import_path is not None or self.workflow == "single_turn":
-                raise ValueError(f"scheduling='per_episode' schedules episodes of the multi-turn workflows "
-                                 f"['multi_turn', 'step_wise'] (got workflow={self.workflow!r}"
-                                 f"{', workflow_import_path' if self.workflow_import_path else ''})")
+            if self.workflow_import_path is not None:
+                raise ValueError("scheduling='per_episode' schedules the shipped workflows ['single_turn', "
+                                 "'multi_turn', 'step_wise'], not a workflow_import_path: use scheduling='lockstep'")
             if self.max_concurrent_episodes < self.group_size:
                 raise ValueError(f"max_concurrent_episodes={self.max_concurrent_episodes} is less than group_size="
                                  f"{self.group_size}: a group's episodes start together")

@@ -1,5 +1,8 @@
 """An explorer whose episodes never wait for each other (`explorer.scheduling: per_episode`).
 
+Single-turn groups go the same way: each is one request of n completions, sampled in whatever
+engine call is next, together with the other groups ready by then.
+
 The explorer's loop runs on an event loop around an `EpisodeScheduler` (`workflows/scheduler.py`),
 which feeds the engine whatever episodes are ready for a model turn. Around it:
 
@@ -34,8 +37,9 @@ from typing import Any
 
 from streamrft.infra.kafka import flush_or_raise
 from streamrft.producers.admission import explorer_share
-from streamrft.producers.workflows import GROUP_BUILDERS, WORKFLOWS, TurnLimits, make_env
+from streamrft.producers.workflows import GROUP_BUILDERS, WORKFLOWS, TurnLimits, make_env, single_turn
 from streamrft.producers.workflows.scheduler import EpisodeScheduler
+from streamrft.producers.workflows.single_turn import completion_group
 from streamrft.schemas import RolloutGroup, encode
 
 log = logging.getLogger(__name__)
@@ -48,7 +52,8 @@ class EpisodeLoop:
         self.x, self.run_state = explorer, run
         ex = explorer.cfg.explorer
         self.n = ex.group_size
-        self.builder = GROUP_BUILDERS[WORKFLOWS[ex.workflow]]
+        workflow = WORKFLOWS[ex.workflow]
+        self.builder = None if workflow is single_turn else GROUP_BUILDERS[workflow]  # None: completions
         self.groups: set[asyncio.Task] = set()
         self.opening = 0  # groups whose admission is being decided, or whose task is being taken
         self.failures: list[BaseException] = []
@@ -62,8 +67,9 @@ class EpisodeLoop:
         x, ex = self.x, self.x.cfg.explorer
         self.sched = sched = EpisodeScheduler(
             x.engine, x.params, env=make_env(ex), limits=TurnLimits(ex.max_turns, ex.max_total_tokens),
-            chat=ex.chat_template, env_threads=ex.env_threads, step_timeout_s=ex.env.step_timeout_s,
-            before_generate=x.swap if ex.swap == "between_turns" else None)
+            chat=ex.chat_template, env_threads=ex.env_threads,
+            step_timeout_s=60.0 if ex.env is None else ex.env.step_timeout_s,
+            before_generate=x.swap if ex.swap == "between_turns" else None, max_rows=ex.engine.max_batch)
         # admission decisions made together share a reservation record: threads enough for a round of them
         self.deciding = ThreadPoolExecutor(max(1, ex.max_concurrent_episodes // self.n), thread_name_prefix="admission")
         self.io = ThreadPoolExecutor(1, thread_name_prefix="tasks")  # task sources are read by one thread
@@ -155,9 +161,14 @@ class EpisodeLoop:
             return
         published = False
         try:
-            episodes = await self.sched.play(batch[0], self.n)
-            group = self.builder(x.engine.tokenizer, batch[0], episodes, version=version, team=ex.team,
-                                 producer_id=x.id, min_episodes=ex.min_episodes_per_group, stats=x.stats)
+            if self.builder is None:  # single-turn: n completions of one prompt, in one engine call
+                prompt, completions, sampled = await self.sched.sample(batch[0], self.n)
+                group = completion_group(batch[0], prompt, completions, version=sampled, team=ex.team,
+                                         producer_id=x.id)
+            else:
+                episodes = await self.sched.play(batch[0], self.n)
+                group = self.builder(x.engine.tokenizer, batch[0], episodes, version=version, team=ex.team,
+                                     producer_id=x.id, min_episodes=ex.min_episodes_per_group, stats=x.stats)
             if group is not None:
                 self._publish(group, version)
                 published = True

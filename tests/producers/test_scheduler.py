@@ -282,3 +282,50 @@ def test_the_eval_of_a_run_with_a_slow_tool_waits_for_it_together_in_lockstep_to
     score = evaluate_run(ScriptedEngine(tok), tasks, slow)
     assert time.monotonic() - t0 < 16 * 0.2
     assert score == pytest.approx(evaluate_run(ScriptedEngine(tok), tasks, fast)) and score > 0.8
+
+
+def test_single_turn_groups_share_one_engine_call_and_match_the_lockstep_workflow(tok):
+    """`sample` (the single-turn workflow scheduled one by one): the groups ready together go into
+    one engine call of n samples each, and each group is what `single_turn` makes of the same
+    completions, with the version that sampled them."""
+    from streamrft.producers.workflows import single_turn
+    from streamrft.producers.workflows.single_turn import completion_group
+
+    class Counting:
+        """n completions per prompt: the prompt's last character and a counter, all log-probs LP."""
+
+        def __init__(self, tokenizer):
+            self.tokenizer, self.version, self.calls = tokenizer, 7, []
+
+        def generate(self, prompt_ids, params):
+            self.calls.append((len(prompt_ids), params.n))
+            out = []
+            for p in prompt_ids:
+                row = []
+                for k in range(params.n):
+                    ids = [p[-1], *self.tokenizer(str(k), add_special_tokens=False).input_ids,
+                           self.tokenizer.eos_token_id]
+                    row.append(Completion(ids, [LP] * len(ids), self.tokenizer.decode(ids, skip_special_tokens=True),
+                                          "stop"))
+                out.append(row)
+            return out
+
+    tasks = [Task(task_id=f"t{k}", prompt=f"guess {k}-8:", answer="1") for k in range(1, 5)]
+    engine = Counting(tok)
+
+    async def go():
+        s = EpisodeScheduler(engine, SamplingParams(max_new_tokens=4), env=None, limits=TurnLimits())
+        s.start()
+        try:
+            return await asyncio.gather(*(s.sample(t, 3) for t in tasks)), s.episodes_in_flight
+        finally:
+            await s.close()
+
+    results, in_flight_after = asyncio.run(go())
+    assert engine.calls == [(4, 3)] and in_flight_after == 0
+    lockstep = single_turn(Counting(tok), tasks, SamplingParams(n=3, max_new_tokens=4), version=7, team="a")
+    for task, (prompt, completions, version), want in zip(tasks, results, lockstep):
+        got = completion_group(task, prompt, completions, version=version, team="a")
+        assert version == 7 and len(got.trajectories) == 3
+        assert [t.model_dump(exclude={"group_id", "traj_id", "created_at"}) for t in got.trajectories] == \
+               [t.model_dump(exclude={"group_id", "traj_id", "created_at"}) for t in want.trajectories]

@@ -1,12 +1,14 @@
 """Episodes scheduled one by one (`explorer.scheduling: per_episode`): none waits for another.
 
 `EpisodeScheduler.play(task, n)` starts `n` episodes of one task on the running event loop and
-returns them once each has ended, however long its neighbours take. Each episode is a coroutine:
+returns them once each has ended, however long its neighbours take; `sample(task, n)` asks for `n`
+single-turn completions of its prompt (the single-turn workflow scheduled the same way: its groups
+share engine calls with whatever else is ready, and each goes out as soon as its own call ends). Each episode is a coroutine:
 reset its environment, then, turn after turn, wait for a model turn and step the environment with
 it, until an ending (`episodes.py`: the same endings, masks and log-probs as the lockstep loop).
 
 One coroutine feeds the engine: whenever episodes wait for a model turn it takes every one of them
-into one `engine.generate` call (continuous batching at turn granularity), run in a thread of its
+(every request of the same `n`) into one `engine.generate` call (continuous batching at turn granularity), run in a thread of its
 own, so environments keep stepping while the engine works. An episode waiting on its tool never
 holds back a generate call. Before each call `before_generate` may load new weights (weights swap
 between turns); each turn records the version that sampled it.
@@ -19,7 +21,7 @@ environment, whatever happened.
 
 Where the engine's time goes is counted in `stats`: `generate_s` (in `engine.generate`), `load_s`
 (`before_generate`), `env_s` (nothing to generate while environment calls were in flight) and
-`idle_s` (no episode in flight).
+`idle_s` (nothing to generate and no environment call in flight: no episode, or groups still opening).
 """
 from __future__ import annotations
 
@@ -32,31 +34,48 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from streamrft.engine.rollout.base import RolloutEngine, SamplingParams
+from streamrft.engine.rollout.base import Completion, RolloutEngine, SamplingParams
 from streamrft.producers.envs.base import Environment
 from streamrft.producers.workflows.episodes import (ENV_ERROR, ENV_TIMEOUT, MAX_TOTAL_TOKENS, EnvFailure, Episode,
                                                     TurnLimits, answer, check_observation, check_result,
                                                     failed_episode, model_turn)
+from streamrft.producers.workflows.single_turn import encode_prompt
 from streamrft.producers.workflows.turns import TurnEncoder
 from streamrft.schemas import Task
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class _Request:
+    """Prompt ids waiting for `n` completions of up to `budget` tokens; `future` gets (completions, version)."""
+
+    ids: list[int]
+    n: int
+    budget: int
+    future: asyncio.Future
+
+
 class EpisodeScheduler:
-    def __init__(self, engine: RolloutEngine, params: SamplingParams, *, env: Callable[[], Environment],
+    def __init__(self, engine: RolloutEngine, params: SamplingParams, *, env: Callable[[], Environment] | None,
                  limits: TurnLimits, chat: bool = False, env_threads: int = 16, step_timeout_s: float = 60.0,
-                 before_generate: Callable[[], float | None] | None = None, batch_wait_s: float = 0.005):
-        """`params.n` is ignored (`play` says how many); `before_generate()` runs in the engine's thread
+                 before_generate: Callable[[], float | None] | None = None, batch_wait_s: float = 0.005,
+                 max_rows: int | None = None):
+        """`params.n` is ignored (`play` and `sample` say how many); `env` may be None for `sample` alone; `before_generate()` runs in the engine's thread
         before each call and returns the seconds it spent loading weights, or None. `batch_wait_s`: how
-        long a ready episode waits for environment calls about to finish, to share the call."""
+        long a ready episode waits for environment calls about to finish, to share the call. `max_rows`:
+        sequences one engine call samples at most (the engine's `max_batch`: it would run a bigger call
+        as batches one after the other anyway); what is left waits for the next call, which takes
+        whatever became ready meanwhile. None: no bound."""
         self.engine, self.params, self.env, self.limits = engine, params, env, limits
         self.encoder = TurnEncoder(engine.tokenizer, chat)
         self.step_timeout_s, self.before_generate, self.batch_wait_s = step_timeout_s, before_generate, batch_wait_s
+        self.max_rows = max_rows
         self._env_pool = ThreadPoolExecutor(env_threads, thread_name_prefix="env")
         self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
-        self._ready: list[tuple[Episode, int, asyncio.Future]] = []
-        self._calling: list[tuple[Episode, int, asyncio.Future]] = []  # the engine call's, while it runs
+        self.chat = chat
+        self._ready: list[_Request] = []
+        self._calling: list[_Request] = []  # the engine call's, while it runs
         self._wake: asyncio.Event | None = None
         self._feeder: asyncio.Task | None = None
         self._calls = 0
@@ -91,6 +110,18 @@ class EpisodeScheduler:
             return list(await asyncio.gather(*(self._episode(task) for _ in range(n))))
         finally:
             self.episodes_in_flight -= n
+
+    async def sample(self, task: Task, n: int) -> tuple[list[int], list[Completion], int]:
+        """Single-turn: the prompt ids of `task`, `n` completions of it sampled in one engine call,
+        and the weight version that sampled them."""
+        prompt = encode_prompt(self.engine.tokenizer, task, self.chat)
+        self.episodes_in_flight += n
+        try:
+            completions, version = await self._request(prompt, n, self.params.max_new_tokens)
+            return prompt, completions, version
+        finally:
+            self.episodes_in_flight -= n
+            self.stats["episodes"] += n
 
     async def _episode(self, task: Task) -> Episode:
         env = self.env()
@@ -147,10 +178,14 @@ class EpisodeScheduler:
 
     async def _model_turn(self, e: Episode, budget: int):
         """(completion, version) of the episode's next model turn, sampled with up to `budget` tokens."""
+        (completion,), version = await self._request(e.prompt_ids + e.response_ids, 1, budget)
+        return completion, version
+
+    async def _request(self, ids: list[int], n: int, budget: int) -> tuple[list[Completion], int]:
         if self.failed is not None:
             raise RuntimeError("the engine failed") from self.failed
         future = asyncio.get_running_loop().create_future()
-        self._ready.append((e, budget, future))
+        self._ready.append(_Request(ids, n, budget, future))
         self._wake.set()
         return await future
 
@@ -159,8 +194,12 @@ class EpisodeScheduler:
         try:
             while True:
                 if not self._ready:
-                    # nothing to generate while episodes are in flight: they are all in their environments
-                    t0, tools = time.monotonic(), self.episodes_in_flight > 0
+                    # nothing to generate: the episodes the last call answered take their turns into
+                    # their environments first, then the wait is theirs (env) or nobody's (idle)
+                    await asyncio.sleep(0)
+                    if self._ready:
+                        continue
+                    t0, tools = time.monotonic(), self.env_in_flight > 0
                     self._wake.clear()
                     try:
                         await self._wake.wait()
@@ -172,20 +211,19 @@ class EpisodeScheduler:
                     loaded = await self.on_engine(self.before_generate)
                     if loaded is not None:
                         self.stats["load_s"] += loaded
-                batch = self._calling = self._ready
-                self._ready = []
-                call = dataclasses.replace(self.params, n=1, max_new_tokens=max(b for _, b, _ in batch),
+                batch = self._calling = self._take()
+                n = batch[0].n
+                call = dataclasses.replace(self.params, n=n, max_new_tokens=max(r.budget for r in batch),
                                            seed=None if self.params.seed is None else self.params.seed + self._calls)
                 self._calls += 1
-                outputs, seconds = await self.on_engine(self._generate, [e.prompt_ids + e.response_ids for e, _, _ in batch],
-                                                        call)
+                outputs, seconds = await self.on_engine(self._generate, [r.ids for r in batch], call)
                 self.stats["generate_s"] += seconds
                 self.stats["generate_calls"] += 1
                 self.stats["turns"] += len(batch)
                 version = self.engine.version
-                for (_, _, future), (completion,) in zip(batch, outputs):
-                    if not future.done():
-                        future.set_result((completion, version))
+                for r, completions in zip(batch, outputs):
+                    if not r.future.done():
+                        r.future.set_result((completions, version))
                 self._calling = []
         except asyncio.CancelledError:
             self._fail(RuntimeError("the scheduler closed"))
@@ -193,6 +231,19 @@ class EpisodeScheduler:
         except BaseException as exc:
             self._fail(exc)
             raise
+
+    def _take(self) -> list[_Request]:
+        """The next call's requests, first come first served: those of the first one's `n` (a
+        workflow asks for one n anyway), up to `max_rows` sequences (at least one request)."""
+        n, rows, batch, rest = self._ready[0].n, 0, [], []
+        for r in self._ready:
+            if r.n == n and (not batch or self.max_rows is None or rows + n <= self.max_rows):
+                batch.append(r)
+                rows += n
+            else:
+                rest.append(r)
+        self._ready = rest
+        return batch
 
     def _generate(self, prompts: list[list[int]], call: SamplingParams):
         """In the engine's thread: the completions, and the seconds the engine took (not the wait for the thread)."""
@@ -209,9 +260,9 @@ class EpisodeScheduler:
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = exc
-        for _, _, future in self._ready + self._calling:
-            if not future.done():
-                future.set_exception(RuntimeError(f"the engine failed: {exc!r}"))
+        for r in self._ready + self._calling:
+            if not r.future.done():
+                r.future.set_exception(RuntimeError(f"the engine failed: {exc!r}"))
         self._ready, self._calling = [], []
 
 
