@@ -3,7 +3,7 @@ guess-the-number environment, warm-up demonstrations, explorers -> faust stream 
 S3 -> explorers) for a few steps: the `multi_turn` workflow in lockstep, and the `step_wise` one
 with episodes scheduled one by one (`explorer.scheduling: per_episode`), on-policy
 (`trainer.max_staleness: 0`), in an environment whose every step waits a seeded delay
-(`explorer.env.latency`), with an explorer killed -9 mid-run. Every
+(`explorer.env.latency`), with an explorer killed -9 once its metrics report 64 episodes in flight. Every
 trajectory is accounted for as in the single-turn loop test: each rollout group below stream ops'
 committed offsets is an experience or a zero-variance group, and the trainer's trained + stale +
 duplicate equals the trajectories below its committed offsets, with no id trained twice.
@@ -15,26 +15,32 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from streamrft.config import load_config
 from streamrft.infra.kafka import committed_offsets
-from streamrft.schemas import ExperienceGroup, RolloutGroup, decode, topic_name
+from streamrft.schemas import ExperienceGroup, Metric, RolloutGroup, decode, topic_name
 from tests_helpers import read_all, stack_overrides, trainer_version
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = ROOT / "examples" / "agent_cpu.yaml"
 STEPS = 4
+IN_FLIGHT = 64
 
 pytestmark = pytest.mark.slow
 
 
 def _overrides(stack, out: Path, workflow: str, scheduling: str) -> list[str]:
-    slow = ([f"explorer.scheduling={scheduling}", "explorer.max_concurrent_episodes=16",
+    # 64 episodes in flight in each explorer: groups of 8, a version of 32 groups (on-policy, the
+    # run's headroom is one version: 16 groups an explorer, 8 at a time), tool calls of 0.3-1.5 s
+    slow = ([f"explorer.scheduling={scheduling}", f"explorer.max_concurrent_episodes={IN_FLIGHT}",
+             "explorer.group_size=8", "trainer.batch_groups=32",
              "explorer.env={type: guess_number, params: {low: 1, high: 8, max_guesses: 4}, "
-             "latency: {median_s: 0.02, p99_s: 0.2, seed: 0}}",
+             "latency: {median_s: 0.3, p99_s: 1.5, seed: 0}}",
              # on-policy: every group of a version waits for it, so explorers with nothing in flight must swap
              "trainer.max_staleness=0"] if scheduling == "per_episode" else [])
     return [
@@ -47,6 +53,27 @@ def _overrides(stack, out: Path, workflow: str, scheduling: str) -> list[str]:
     ]
 
 
+def _kill_with_episodes_in_flight(stack, out: Path, proc: subprocess.Popen, deadline_s: float = 300.0) -> str | None:
+    """Once an explorer's metrics (every 5 s) report `IN_FLIGHT` episodes in flight, kill -9 that
+    explorer: the role's name, or None if none did before the run ended or the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        roles_file = next(out.glob("*/roles.json"), None)
+        if roles_file is None:
+            continue
+        roles = json.loads(roles_file.read_text())
+        ns = load_config(roles_file.parent / "config.yaml").namespace
+        for m in read_all(stack.kafka, topic_name(ns, "metrics"), deadline_s=10):
+            metric = decode(m.value(), Metric)
+            if metric.role == "explorer" and metric.values.get("episodes_in_flight", 0) >= IN_FLIGHT:
+                name = metric.role_id.rsplit("-", 1)[0]  # explorer-<index>-<pid>
+                if str(roles.get(name)) == metric.role_id.rsplit("-", 1)[1]:  # that process still runs
+                    os.kill(roles[name], signal.SIGKILL)
+                    return name
+    return None
+
+
 @pytest.mark.parametrize("workflow,scheduling", [("multi_turn", "lockstep"), ("step_wise", "per_episode")])
 def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workflow, scheduling):
     from streamrft.stream_ops.scoring import build_scorer
@@ -54,26 +81,26 @@ def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workfl
     proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "run", str(AGENT),
                              *_overrides(stack, tmp_path, workflow, scheduling)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    lines = []
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    killed = None
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if scheduling == "per_episode" and line.startswith("[") and "step" in line:
-                break  # the roles run: kill -9 an explorer with its episodes in flight
-        if scheduling == "per_episode":
-            roles = json.loads(next(tmp_path.glob("*/roles.json")).read_text())
-            os.kill(roles["explorer-0"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
+        if scheduling == "per_episode":  # kill -9 an explorer while it has 64 episodes in flight
+            killed = _kill_with_episodes_in_flight(stack, tmp_path, proc)
+        proc.wait(timeout=600)
+        reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    stdout = "".join(lines) + out
+    stdout = "".join(lines)
     assert proc.returncode == 0, stdout[-4000:]
     final = [l for l in stdout.splitlines() if l.startswith("final:")]
     assert len(final) == 1, stdout
     assert dict(kv.split("=") for kv in final[0].removeprefix("final: ").split())["versions"] == str(STEPS)
     if scheduling == "per_episode":  # restarted; the engine's stages: environment time is its own
-        assert "explorer-0 exited with -9: restart 1 of" in stdout
+        assert killed is not None, f"no explorer reported {IN_FLIGHT} episodes in flight\n" + stdout[-4000:]
+        assert f"{killed} exited with -9: restart 1 of" in stdout
         assert any(l.startswith("profile:") and " env " in l for l in stdout.splitlines()), stdout
     run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
     cfg = load_config(run_dir / "config.yaml")
@@ -96,7 +123,7 @@ def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workfl
             steps: dict[str, list[int]] = {}
             for t in g.trajectories:
                 steps.setdefault(t.info["episode_id"], []).append(t.info["step"])
-            assert len(steps) == 4
+            assert len(steps) == cfg.explorer.group_size
             assert all(s == list(range(len(s))) for s in steps.values())
             assert all(t.info["num_steps"] == len(steps[t.info["episode_id"]]) for t in g.trajectories)
         assert all(all(m == 1 for m in t.mask()) for t in trajectories)

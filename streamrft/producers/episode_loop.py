@@ -23,8 +23,9 @@ which feeds the engine whatever episodes are ready for a model turn. Around it:
   record, so nothing is ever half-published; a kill -9 leaves the slots to the lease.
 
 Stages (the `profile:` line) are the engine's time: `generate` (in `engine.generate`), `env`
-(nothing to generate while environment calls are in flight), `admission_wait` (nothing to generate
-and nothing in flight), `load`, `eval`. Admission round trips and publishing run beside the engine:
+(nothing to generate while environment calls are in flight), `reserve` (nothing to generate while
+groups wait for their admission decision), `admission_wait` (nothing in flight: the run's headroom
+holds new groups back, the trainer sets the pace), `load`, `eval`. Admission round trips and publishing run beside the engine:
 their busy seconds are `reserve_busy_s` and `publish_busy_s`.
 """
 from __future__ import annotations
@@ -69,7 +70,8 @@ class EpisodeLoop:
             x.engine, x.params, env=make_env(ex), limits=TurnLimits(ex.max_turns, ex.max_total_tokens),
             chat=ex.chat_template, env_threads=ex.env_threads,
             step_timeout_s=60.0 if ex.env is None else ex.env.step_timeout_s,
-            before_generate=x.swap if ex.swap == "between_turns" else None, max_rows=ex.engine.max_batch)
+            before_generate=x.swap if ex.swap == "between_turns" else None, max_rows=ex.engine.max_batch,
+            opening=lambda: self.opening)
         # admission decisions made together share a reservation record: threads enough for a round of them
         self.deciding = ThreadPoolExecutor(max(1, ex.max_concurrent_episodes // self.n), thread_name_prefix="admission")
         self.io = ThreadPoolExecutor(1, thread_name_prefix="tasks")  # task sources are read by one thread
@@ -193,7 +195,8 @@ class EpisodeLoop:
     def _stages(self) -> None:
         """The engine's stages into the explorer's stats (load_s and eval_s are counted there already)."""
         s = self.sched.stats
-        self.x.stats.update(generate_s=s["generate_s"], env_s=s["env_s"], admission_wait_s=s["idle_s"],
+        self.x.stats.update(generate_s=s["generate_s"], env_s=s["env_s"], reserve_s=s["reserve_s"],
+                            admission_wait_s=s["idle_s"],
                             **self.busy)
 
     def _progress(self, generated: int, dropped: int) -> None:

@@ -329,3 +329,30 @@ def test_single_turn_groups_share_one_engine_call_and_match_the_lockstep_workflo
         assert version == 7 and len(got.trajectories) == 3
         assert [t.model_dump(exclude={"group_id", "traj_id", "created_at"}) for t in got.trajectories] == \
                [t.model_dump(exclude={"group_id", "traj_id", "created_at"}) for t in want.trajectories]
+
+
+def test_the_engine_waits_as_reserve_while_groups_open_and_a_call_holds_at_most_max_rows(tok):
+    """With nothing to generate, the engine's wait is `reserve_s` while the owner says groups are
+    being admitted and `idle_s` otherwise; one call samples at most `max_rows` sequences, the rest
+    go into the next."""
+    engine = ScriptedEngine(tok)
+    opening = [1]
+
+    async def go():
+        s = EpisodeScheduler(engine, SamplingParams(max_new_tokens=4), env=None, limits=TurnLimits(), max_rows=6,
+                             opening=lambda: opening[0])
+        s.start()
+        try:
+            await asyncio.sleep(0.3)  # groups opening: the wait is admission's
+            opening[0] = 0
+            await s.sample(_tasks(1)[0], 1)  # wakes the feeder: the next wait is counted anew
+            await asyncio.sleep(0.3)  # nothing opening, nothing in flight: idle
+            await asyncio.gather(*(s.sample(t, 2) for t in _tasks(1, 2, 3, 4, 5)))
+            return dict(s.stats)
+        finally:
+            await s.close()
+
+    stats = asyncio.run(go())
+    assert stats["reserve_s"] >= 0.25 and stats["idle_s"] >= 0.25 and stats["env_s"] == 0
+    # one call for the lone request, then 5 requests of 2 rows under max_rows 6: 3 rows of requests, then 2
+    assert engine.calls == [1, 3, 2]

@@ -21,7 +21,9 @@ environment, whatever happened.
 
 Where the engine's time goes is counted in `stats`: `generate_s` (in `engine.generate`), `load_s`
 (`before_generate`), `env_s` (nothing to generate while environment calls were in flight) and
-`idle_s` (nothing to generate and no environment call in flight: no episode, or groups still opening).
+`reserve_s` (nothing to generate, no environment call in flight, and the owner's `opening()` says
+groups are being admitted: the admission round trip is what the engine waits for) and `idle_s`
+(nothing at all: the run's headroom holds new groups back).
 """
 from __future__ import annotations
 
@@ -60,17 +62,18 @@ class EpisodeScheduler:
     def __init__(self, engine: RolloutEngine, params: SamplingParams, *, env: Callable[[], Environment] | None,
                  limits: TurnLimits, chat: bool = False, env_threads: int = 16, step_timeout_s: float = 60.0,
                  before_generate: Callable[[], float | None] | None = None, batch_wait_s: float = 0.005,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, opening: Callable[[], int] | None = None):
         """`params.n` is ignored (`play` and `sample` say how many); `env` may be None for `sample` alone; `before_generate()` runs in the engine's thread
         before each call and returns the seconds it spent loading weights, or None. `batch_wait_s`: how
         long a ready episode waits for environment calls about to finish, to share the call. `max_rows`:
         sequences one engine call samples at most (the engine's `max_batch`: it would run a bigger call
         as batches one after the other anyway); what is left waits for the next call, which takes
-        whatever became ready meanwhile. None: no bound."""
+        whatever became ready meanwhile. None: no bound. `opening()`: how many groups the owner is
+        admitting (the engine's wait while some are counts as `reserve_s`, not `idle_s`)."""
         self.engine, self.params, self.env, self.limits = engine, params, env, limits
         self.encoder = TurnEncoder(engine.tokenizer, chat)
         self.step_timeout_s, self.before_generate, self.batch_wait_s = step_timeout_s, before_generate, batch_wait_s
-        self.max_rows = max_rows
+        self.max_rows, self.opening = max_rows, opening or (lambda: 0)
         self._env_pool = ThreadPoolExecutor(env_threads, thread_name_prefix="env")
         self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self.chat = chat
@@ -82,7 +85,7 @@ class EpisodeScheduler:
         self.failed: BaseException | None = None
         self.episodes_in_flight = 0
         self.env_in_flight = 0
-        self.stats = {"generate_s": 0.0, "load_s": 0.0, "env_s": 0.0, "idle_s": 0.0, "generate_calls": 0,
+        self.stats = {"generate_s": 0.0, "load_s": 0.0, "env_s": 0.0, "reserve_s": 0.0, "idle_s": 0.0, "generate_calls": 0,
                       "turns": 0, "episodes": 0}
 
     # ---- life cycle ------------------------------------------------------------------------------
@@ -195,16 +198,18 @@ class EpisodeScheduler:
             while True:
                 if not self._ready:
                     # nothing to generate: the episodes the last call answered take their turns into
-                    # their environments first, then the wait is theirs (env) or nobody's (idle)
+                    # their environments first, then the wait is theirs (env), admission's (reserve)
+                    # or nobody's (idle)
                     await asyncio.sleep(0)
                     if self._ready:
                         continue
-                    t0, tools = time.monotonic(), self.env_in_flight > 0
+                    t0 = time.monotonic()
+                    stage = "env_s" if self.env_in_flight else "reserve_s" if self.opening() else "idle_s"
                     self._wake.clear()
                     try:
                         await self._wake.wait()
                     finally:  # a wait that close() cuts short counts too
-                        self.stats["env_s" if tools else "idle_s"] += time.monotonic() - t0
+                        self.stats[stage] += time.monotonic() - t0
                     continue
                 await self._gather_stragglers()
                 if self.before_generate is not None:
