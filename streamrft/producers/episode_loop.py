@@ -57,6 +57,7 @@ class EpisodeLoop:
         self.builder = None if workflow is single_turn else GROUP_BUILDERS[workflow]  # None: completions
         self.groups: set[asyncio.Task] = set()
         self.opening = 0  # groups whose admission is being decided, or whose task is being taken
+        self.backing_off = 0  # groups refused a moment ago, waiting before the next try
         self.failures: list[BaseException] = []
         self.busy = {"reserve_busy_s": 0.0, "publish_busy_s": 0.0}
         self.unacked = 0
@@ -119,7 +120,8 @@ class EpisodeLoop:
                 continue
             if x.eval_due(run.evaluated, slots):
                 await self.sched.on_engine(x._maybe_eval, run.evaluated, slots)
-            free = (ex.max_concurrent_episodes - self.sched.episodes_in_flight) // self.n - self.opening
+            free = ((ex.max_concurrent_episodes - self.sched.episodes_in_flight) // self.n - self.opening
+                    - self.backing_off)
             if free <= 0:
                 await asyncio.sleep(0.005)
                 continue
@@ -144,19 +146,24 @@ class EpisodeLoop:
     async def _group(self, slots: frozenset[int]) -> None:
         """Open one group, play its task's n episodes, publish it."""
         x, ex, loop = self.x, self.x.cfg.explorer, asyncio.get_running_loop()
-        version = x.engine.version
+        version, ok = x.engine.version, False
         self.opening += 1
         try:
             t0 = time.monotonic()
             ok = await loop.run_in_executor(self.deciding, x.admission.open_group, version, x.room())
             self.busy["reserve_busy_s"] += time.monotonic() - t0
-            if not ok:
-                x.stats["admission_waits"] += 1
-                await asyncio.sleep(0.05)  # this slot of the loop waits before another try
-                return
-            batch = await loop.run_in_executor(self.io, self.run_state.tasks.take, 1, slots, x.members.num_slots)
+            if ok:
+                batch = await loop.run_in_executor(self.io, self.run_state.tasks.take, 1, slots, x.members.num_slots)
         finally:
             self.opening -= 1
+        if not ok:  # the run's headroom is full: this slot of the loop waits before another try
+            x.stats["admission_waits"] += 1
+            self.backing_off += 1
+            try:
+                await asyncio.sleep(0.05)
+            finally:
+                self.backing_off -= 1
+            return
         if not batch:  # our slots hold no task (tiny file), or the tasks topic is dry
             x.admission.close_group(version, False)
             await asyncio.sleep(0.2)
