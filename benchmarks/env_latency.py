@@ -16,6 +16,9 @@ percentile `--p99` s), a realistic slow tool. Variants:
 - `synchronous`: the same with `trainer.max_staleness: 0` (on-policy: explorers wait for every
   version, so nothing overlaps training).
 
+`per_episode@256` (or `synchronous@256`) is that variant with 256 episodes in flight instead of
+`--in-flight`.
+
 It prints, per variant: seconds to the held-out greedy eval `--target` (from the evaluator's
 metrics: when the version that first reached it was made), the best eval and the final one,
 trajectories generated a second, versions made, and where the explorers' engines spent their time
@@ -48,14 +51,17 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "examples" / "agent_cpu.yaml"
 
 
-def variants(a) -> dict[str, list[str]]:
+def variant(name: str, a) -> list[str]:
+    """The overrides of variant `name`; `per_episode@256` is `per_episode` with 256 episodes in flight."""
+    base, _, n = name.partition("@")
+    in_flight = int(n) if n else a.in_flight
     env = (f"explorer.env={{type: guess_number, params: {{low: 1, high: 8, max_guesses: 4}}, "
            f"latency: {{median_s: {a.median}, p99_s: {a.p99}, seed: 0}}}}")
-    per_episode = [env, "explorer.scheduling=per_episode", f"explorer.max_concurrent_episodes={a.in_flight}",
-                   f"explorer.env_threads={a.in_flight}"]
+    per_episode = [env, "explorer.scheduling=per_episode", f"explorer.max_concurrent_episodes={in_flight}",
+                   f"explorer.env_threads={in_flight}"]
     return {"lockstep": [env, "explorer.scheduling=lockstep"],
             "per_episode": per_episode,
-            "synchronous": [*per_episode, "trainer.max_staleness=0"]}
+            "synchronous": [*per_episode, "trainer.max_staleness=0"]}[base]
 
 
 def run_variant(name: str, overrides: list[str], a, prepared, work: Path) -> dict:
@@ -139,14 +145,13 @@ def main() -> int:
     print(f"prepared {prepared.model.path} in {time.perf_counter() - t0:.0f} s; step latency lognormal median "
           f"{a.median} s, p99 {a.p99} s; {a.minutes} min a variant", flush=True)
     table = {}
-    all_variants = variants(a)
     for name in a.variants.split(","):
-        table[name] = summarise(run_variant(name, all_variants[name], a, prepared, work), a.target)
-    print(f"\n{'variant':12} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
+        table[name] = summarise(run_variant(name, variant(name, a), a, prepared, work), a.target)
+    print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
           f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6}")
     for name, s in table.items():
         t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
-        print(f"{name:12} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
+        print(f"{name:16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
               f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
               f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}%")
     ref = table.get("per_episode", {}).get("to_target")

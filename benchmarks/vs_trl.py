@@ -4,6 +4,10 @@ and their ratios streamrft / TRL.
 
     /work/trl-venv/bin/python benchmarks/vs_trl.py [--config examples/cpu_demo.yaml] [--steps 100]
         [--eval-every 5] [--target 0.8] [--skip-trl] [--skip-streamrft] [--trl-python PYTHON]
+        [--scheduling lockstep,per_episode]
+
+`--scheduling`: one streamrft run per `explorer.scheduling` (default lockstep, the demo's), each
+with its own stack; rows `streamrft` (lockstep) and `sr-per_episode`.
 
 TRL is the optional `bench` extra (`pip install -e '.[bench]'`, trl 1.16.0). When `trl` is not
 importable from this interpreter, the TRL side runs in a subprocess of `--trl-python` (default
@@ -182,20 +186,22 @@ def trl_side(a, model_dir: str, train: str, eval_path: str, workdir: str) -> dic
 # ---------------------------------------------------------------------------------------- streamrft
 
 
-def streamrft_side(a, model_dir: str, train: str, eval_path: str, workdir: str) -> dict:
-    """`streamrft run CONFIG` from the prepared checkpoint; its eval and version times from its TensorBoard log."""
+def streamrft_side(a, model_dir: str, train: str, eval_path: str, workdir: str, scheduling: str) -> dict:
+    """`streamrft run CONFIG` from the prepared checkpoint with `explorer.scheduling=scheduling`; its eval
+    and version times from its TensorBoard log."""
     from streamrft.infra.stack import free_ports
 
     ports = free_ports()
     kafka, s3, weed = ports["kafka_port"], ports["s3_port"], ports["weed_port_base"]
     overrides = [f"model.path={model_dir}", "stages=[]", f"data.train={train}", f"data.eval={eval_path}",
-                 f"output_dir={workdir}/streamrft", f"stack.data_dir={workdir}/stack", f"stack.kafka_port={kafka}",
-                 f"stack.s3_port={s3}", f"stack.weed_port_base={weed}", f"trainer.max_steps={a.steps}",
-                 f"eval.every_versions={a.eval_every}"]
+                 f"output_dir={workdir}/streamrft-{scheduling}", f"stack.data_dir={workdir}/stack-{scheduling}",
+                 f"stack.kafka_port={kafka}", f"stack.s3_port={s3}", f"stack.weed_port_base={weed}",
+                 f"trainer.max_steps={a.steps}", f"eval.every_versions={a.eval_every}",
+                 f"explorer.scheduling={scheduling}"]
     cmd = [sys.executable, "-m", "streamrft.cli", "run", a.config, *overrides]
     print("streamrft:", " ".join(cmd[2:]), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    t_roles, out_dir, final = None, None, None
+    t_roles, out_dir, final, profile = None, None, None, ""
     for line in proc.stdout:
         print("  | " + line.rstrip(), flush=True)
         m = re.match(r"run (\S+): output (\S+); eval reward at start", line)
@@ -203,6 +209,8 @@ def streamrft_side(a, model_dir: str, train: str, eval_path: str, workdir: str) 
             t_roles, out_dir = time.time(), m.group(2)
         if line.startswith("final:"):
             final = dict(kv.split("=", 1) for kv in line.split()[1:])
+        if line.startswith("profile:"):
+            profile = line.strip()
     rc = proc.wait()
     if rc != 0 or t_roles is None:
         raise RuntimeError(f"streamrft run exited with {rc}")
@@ -219,7 +227,8 @@ def streamrft_side(a, model_dir: str, train: str, eval_path: str, workdir: str) 
     # the trainer's own medians per step: waiting for data against computing (issue: wait <= compute)
     trainer = {k: statistics.median(e.value for e in acc.Scalars(f"trainer/{k}"))
                for k in ("wait_s", "step_s") if f"trainer/{k}" in tags}
-    return {"versions": sorted(first_seen.items()), "evals": evals, "final": final, "trainer": trainer}
+    return {"versions": sorted(first_seen.items()), "evals": evals, "final": final, "trainer": trainer,
+            "profile": profile}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -300,6 +309,9 @@ def main() -> int:
     p.add_argument("--trl-python", default="/work/trl-venv/bin/python")
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--skip-streamrft", action="store_true")
+    p.add_argument("--scheduling", default="lockstep",
+                   help="streamrft's explorer.scheduling, comma-separated for one streamrft run each: "
+                        "lockstep, per_episode")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--workdir", help="work here (kept; a demo prepared there before is reused) instead of a temporary directory")
     p.add_argument("--_trl-worker", dest="trl_worker", help=argparse.SUPPRESS)
@@ -329,28 +341,31 @@ def main() -> int:
             print(f"trl {r['version']}: mean frac_reward_zero_std {statistics.mean(zs) if zs else float('nan'):.2f} "
                   f"(groups a streamrft step would have dropped and refilled)", flush=True)
             print(f"load average after TRL: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-        if not a.skip_streamrft:
-            print("\n== streamrft run", flush=True)
-            r = streamrft_side(a, model_dir, train, eval_path, work)
-            res["streamrft"] = summarise_streamrft(r, a.target)
-            print("streamrft evals (version, reward):", " ".join(f"v{v}:{s:.2f}" for v, s in r["evals"]), flush=True)
+        for scheduling in [] if a.skip_streamrft else a.scheduling.split(","):
+            name = "streamrft" if scheduling == "lockstep" else f"sr-{scheduling}"
+            print(f"\n== streamrft run, explorer.scheduling={scheduling}", flush=True)
+            r = streamrft_side(a, model_dir, train, eval_path, work, scheduling)
+            res[name] = summarise_streamrft(r, a.target)
+            print(f"{name} evals (version, reward):", " ".join(f"v{v}:{s:.2f}" for v, s in r["evals"]), flush=True)
             if {"wait_s", "step_s"} <= set(r["trainer"]):
                 w, c = r["trainer"]["wait_s"], r["trainer"]["step_s"]
-                print(f"streamrft trainer per version (median): waiting for data {w:.3f} s, computing {c:.3f} s "
+                print(f"{name} trainer per version (median): waiting for data {w:.3f} s, computing {c:.3f} s "
                       f"(wait / compute {w / c:.2f}, target <= 1)", flush=True)
-            print(f"load average after streamrft: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+            if r["profile"]:
+                print(f"{name} {r['profile']}", flush=True)
+            print(f"load average after {name}: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         for s in res.values():
             s["after_first"] = None if s["to_target"] is None else s["to_target"] - s["first"]
-        print(f"\n{'':<10} {'start eval':>10} {f's to eval>={a.target}':>14} {'(at step)':>9} {'first step s':>12} "
+        print(f"\n{'':<14} {'start eval':>10} {f's to eval>={a.target}':>14} {'(at step)':>9} {'first step s':>12} "
               f"{'s to it after':>13} {'s/step (median)':>16} {'steps':>6} {'train s':>8} {'final eval':>10}")
         for name, s in res.items():
-            print(f"{name:<10} {s['start_eval']:>10.3f} {fmt(s['to_target']):>14} {fmt(s['at'], 'd'):>9} "
+            print(f"{name:<14} {s['start_eval']:>10.3f} {fmt(s['to_target']):>14} {fmt(s['at'], 'd'):>9} "
                   f"{s['first']:>12.1f} {fmt(s['after_first']):>13} "
                   f"{s['per_step']:>16.3f} {s['steps']:>6d} {s['train_s']:>8.1f} {s['final_eval']:>10.3f}")
-        if len(res) == 2:
-            t, s = res["TRL"], res["streamrft"]
-            ratio = (lambda x, y: None if x is None or y is None else x / y)
-            print(f"ratio streamrft/TRL: seconds to eval>={a.target} {fmt(ratio(s['to_target'], t['to_target']), '.2f')}, "
+        ratio = (lambda x, y: None if x is None or y is None else x / y)  # noqa: E731
+        for name in [n for n in res if n != "TRL"] if "TRL" in res else []:
+            t, s = res["TRL"], res[name]
+            print(f"ratio {name}/TRL: seconds to eval>={a.target} {fmt(ratio(s['to_target'], t['to_target']), '.2f')}, "
                   f"the same counted from the first step/version {fmt(ratio(s['after_first'], t['after_first']), '.2f')}, "
                   f"seconds per step/version {fmt(ratio(s['per_step'], t['per_step']), '.2f')}, "
                   f"total train seconds {fmt(ratio(s['train_s'], t['train_s']), '.2f')}")
