@@ -127,7 +127,9 @@ class EpisodeLoop:
                 continue
             generated, dropped, oldest = x.admission.counts()
             share = explorer_share(x.room()(generated, dropped, oldest), slots, x.members.num_slots)
-            k = min(free, share)
+            # the counts leave out this process's own open groups: they already take part of its share,
+            # and asking for more would only earn a refusal a round trip later
+            k = min(free, share - x.admission.in_flight)
             if k <= 0:
                 x.stats["admission_waits"] += 1
                 await asyncio.sleep(0.05)
