@@ -7,7 +7,8 @@ The explorer's loop runs on an event loop around an `EpisodeScheduler` (`workflo
 which feeds the engine whatever episodes are ready for a model turn. Around it:
 
 - **Admission, one group at a time, ahead of need.** While `max_concurrent_episodes` leaves room
-  for another group and this explorer's share of the run's headroom allows it, a group is opened
+  for another group and this explorer's share of the run's headroom, less its own open groups,
+  allows it, a group is opened
   (`AdmissionLog.open_group`, as the gateway does: requests made together share one reservation
   record). The round trip runs in a thread beside the engine, so it never stalls generation.
 - **A group goes out as soon as its n episodes have ended**, whatever the others do, with a
