@@ -1,7 +1,7 @@
 """A slow tool: episodes in lockstep against episodes scheduled one by one, side by side in one run.
 
     .venv/bin/python benchmarks/env_latency.py [--minutes 8] [--median 0.5] [--p99 5]
-        [--variants lockstep,per_episode,synchronous] [--target 0.8] [--workdir DIR]
+        [--variants lockstep,per_episode,synchronous] [--target 0.8] [--workdir DIR] [--set KEY=VALUE ...]
 
 The agent example (`examples/agent_cpu.yaml`: the tiny char model learns guess-the-number) is
 prepared once (its warm-up SFT stage, data), then run from that checkpoint once per variant, each
@@ -134,6 +134,8 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--variants", default="lockstep,per_episode,synchronous")
     ap.add_argument("--workdir")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every variant (after the variant's own), e.g. trainer.max_staleness=1")
     a = ap.parse_args()
 
     from streamrft.config import load_config
@@ -146,7 +148,7 @@ def main() -> int:
           f"{a.median} s, p99 {a.p99} s; {a.minutes} min a variant", flush=True)
     table = {}
     for name in a.variants.split(","):
-        table[name] = summarise(run_variant(name, variant(name, a), a, prepared, work), a.target)
+        table[name] = summarise(run_variant(name, [*variant(name, a), *a.set], a, prepared, work), a.target)
     print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
           f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6}")
     for name, s in table.items():
