@@ -189,6 +189,8 @@ class Intake:
                 continue
             if len(self.pending) < PENDING_TOP_UP:
                 self._poll(0)  # what arrived meanwhile joins the choice of the oldest (`_take`)
+                if not self.pending:  # that poll rebalanced the group: `_on_assign` dropped what was fetched
+                    continue
             msg, eg = self._take()
             key = f"{msg.topic()}:{msg.partition()}"
             self.position[key] = offsets[key] = msg.offset() + 1

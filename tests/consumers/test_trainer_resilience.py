@@ -1,5 +1,6 @@
 """The trainer rides out what a long run meets: a broker restarted under it (it rejoins its group,
-retries its offset commit, loses and repeats nothing), and a restart that finds S3 or the weights
+retries its offset commit, loses and repeats nothing, even when the rejoin drops the records it
+had fetched for the batch it is collecting), and a restart that finds S3 or the weights
 topic ahead of its checkpoint (no version number goes backwards or is reused)."""
 from __future__ import annotations
 
@@ -63,6 +64,51 @@ def test_trainer_rides_out_a_broker_restart(private_stack, namespace, trainer_co
     audit = kit.audit(ckpt)
     assert sorted(audit) == sorted(f"{g}-{i}" for g in "ABC" for i in range(4)) and max(audit.values()) == 1
     assert _announced(kafka, namespace) == [0, 1, 2, 3]
+
+
+def test_a_rebalance_inside_the_top_up_poll_is_no_crash(private_stack, namespace, trainer_config, kit, monkeypatch):
+    """The crash of the 12-kill chaos run: `collect()` saw fetched records, topped them up with a
+    poll, and that poll rejoined the group after a broker restart: `_on_assign` dropped every
+    fetched record, and `_take()` ran `oldest_head` on nothing (`min() arg is an empty sequence`).
+    Here the broker is restarted at that very moment, and the trainer must go on, train each
+    trajectory once, and lose none."""
+    from streamrft.consumers.trainer import Trainer
+
+    kafka, es = private_stack.kafka, private_stack.embedded
+    cfg = trainer_config(private_stack, "trainer.batch_groups=2", "trainer.max_steps=2")
+    kit.produce(kafka, namespace, [kit.group(g, 0) for g in "ABCD"])
+    trainer = Trainer(cfg)
+    assigned = threading.Event()
+
+    def on_assign(consumer, partitions):
+        trainer._on_assign(consumer, partitions)
+        assigned.set()
+
+    trainer.consumer.subscribe([trainer.topic], on_assign=on_assign)
+    poll = trainer._poll
+    dropped: list[int] = []
+
+    def poll_through_a_restart(timeout):
+        if timeout != 0 or dropped or not trainer.pending:
+            return poll(timeout)
+        # the top-up poll with records fetched: the broker goes away for longer than the group
+        # session, and this poll is the one that rejoins (the records come back in later polls)
+        assigned.clear()
+        es.kill("tansu")
+        time.sleep(2 * kafka.session_timeout_ms / 1000)
+        es.restart("tansu")
+        deadline = time.monotonic() + 120
+        while not assigned.is_set() and time.monotonic() < deadline:
+            poll(0)  # as the top-up does: the rejoin's callback runs, and no fetch has answered yet
+            time.sleep(0.05)
+        dropped.append(len(trainer.pending))
+
+    monkeypatch.setattr(trainer, "_poll", poll_through_a_restart)
+    result = kit.run(cfg, timeout_s=240, trainer=trainer)
+    assert dropped == [0], f"the rejoin left {dropped} records fetched: the crash's moment was not reproduced"
+    assert (result["step"], result["trained"], result["duplicate"]) == (2, 16, 0), result
+    audit = kit.audit(Path(cfg.output_dir) / "trainer")
+    assert sorted(audit) == sorted(f"{g}-{i}" for g in "ABCD" for i in range(4)) and max(audit.values()) == 1
 
 
 def test_a_restart_never_reuses_or_lowers_a_version(stack, namespace, trainer_config, kit):
