@@ -1,7 +1,8 @@
 """A slow tool: episodes in lockstep against episodes scheduled one by one, side by side in one run.
 
     .venv/bin/python benchmarks/env_latency.py [--minutes 8] [--median 0.5] [--p99 5]
-        [--variants lockstep,per_episode,synchronous] [--target 0.8] [--workdir DIR] [--set KEY=VALUE ...]
+        [--variants lockstep,per_episode,synchronous] [--target 0.8] [--repeats 1] [--workdir DIR]
+        [--set KEY=VALUE ...]
 
 The agent example (`examples/agent_cpu.yaml`: the tiny char model learns guess-the-number) is
 prepared once (its warm-up SFT stage, data), then run from that checkpoint once per variant, each
@@ -18,6 +19,11 @@ percentile `--p99` s), a realistic slow tool. Variants:
 
 `per_episode@256` (or `synchronous@256`) is that variant with 256 episodes in flight instead of
 `--in-flight`.
+
+`--repeats N` runs every variant N times, the variants taking turns (repeat r, in folder `NAME-rR`: each variant once,
+with `data.seed`, `trainer.seed` and the latency seed all r). On this task the greedy eval jumps
+from one plateau to the next (counting up, 0.43; binary search, 0.92), so one run's time to the
+target is one draw of when that jump happens: compare medians over repeats, not single runs.
 
 It prints, per variant: seconds to the held-out greedy eval `--target` (from the evaluator's
 metrics: when the version that first reached it was made), the best eval and the final one,
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,20 +58,22 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "examples" / "agent_cpu.yaml"
 
 
-def variant(name: str, a) -> list[str]:
+def variant(name: str, a, seed: int = 0) -> list[str]:
     """The overrides of variant `name`; `per_episode@256` is `per_episode` with 256 episodes in flight."""
     base, _, n = name.partition("@")
     in_flight = int(n) if n else a.in_flight
     env = (f"explorer.env={{type: guess_number, params: {{low: 1, high: 8, max_guesses: 4}}, "
-           f"latency: {{median_s: {a.median}, p99_s: {a.p99}, seed: 0}}}}")
+           f"latency: {{median_s: {a.median}, p99_s: {a.p99}, seed: {seed}}}}}")
+    seeds = [f"data.seed={seed}", f"trainer.seed={seed}"] if seed else []
     per_episode = [env, "explorer.scheduling=per_episode", f"explorer.max_concurrent_episodes={in_flight}",
                    f"explorer.env_threads={in_flight}"]
-    return {"lockstep": [env, "explorer.scheduling=lockstep"],
-            "per_episode": per_episode,
-            "synchronous": [*per_episode, "trainer.max_staleness=0"]}[base]
+    return seeds + {"lockstep": [env, "explorer.scheduling=lockstep"],
+                    "per_episode": per_episode,
+                    "synchronous": [*per_episode, "trainer.max_staleness=0"]}[base]
 
 
 def run_variant(name: str, overrides: list[str], a, prepared, work: Path) -> dict:
+    """One `streamrft run` of variant `name` (its folder: `work/name`), read back from its output and TensorBoard."""
     from streamrft.infra.stack import free_ports
 
     ports = free_ports()
@@ -124,6 +133,16 @@ def summarise(r: dict, target: float) -> dict:
             "generate": generate / wall, "env": st.get("env_s", 0.0) / wall, "idle": 1 - generate / wall}
 
 
+def median_to_target(rs: list[dict]) -> float | None:
+    """The median over runs of the seconds to the target; a run that never reached it sorts after
+    every run that did, and a median that falls on one is None (never)."""
+    times = sorted((s["to_target"] is None, s["to_target"] or 0.0) for s in rs)
+    lo, hi = times[(len(times) - 1) // 2], times[len(times) // 2]
+    if lo[0] or hi[0]:
+        return None
+    return (lo[1] + hi[1]) / 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=8.0)
@@ -133,6 +152,7 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--variants", default="lockstep,per_episode,synchronous")
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--workdir")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every variant (after the variant's own), e.g. trainer.max_staleness=1")
@@ -146,22 +166,41 @@ def main() -> int:
     prepared = prepare(load_config(CONFIG, [f"output_dir={work}/prepared"]))
     print(f"prepared {prepared.model.path} in {time.perf_counter() - t0:.0f} s; step latency lognormal median "
           f"{a.median} s, p99 {a.p99} s; {a.minutes} min a variant", flush=True)
-    table = {}
-    for name in a.variants.split(","):
-        table[name] = summarise(run_variant(name, [*variant(name, a), *a.set], a, prepared, work), a.target)
+    runs: dict[str, list[dict]] = {name: [] for name in a.variants.split(",")}
+    for r in range(a.repeats):  # the variants take turns, so a drift of the machine weighs on all alike
+        for name in runs:
+            label = name if a.repeats == 1 else f"{name}-r{r}"
+            result = run_variant(label, [*variant(name, a, r), *a.set], a, prepared, work)
+            runs[name].append(summarise(result, a.target))
+    budget = a.minutes * 60
     print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
           f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6}")
-    for name, s in table.items():
-        t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
-        print(f"{name:16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
-              f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
-              f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}%")
-    ref = table.get("per_episode", {}).get("to_target")
+    for name, rs in runs.items():
+        for r, s in enumerate(rs):
+            t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
+            label = name if a.repeats == 1 else f"{name}-r{r}"
+            print(f"{label:16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
+                  f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
+                  f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}%")
+    medians = {name: median_to_target(rs) for name, rs in runs.items()}
+    if a.repeats > 1:
+        print(f"\nmedians over {a.repeats} repeats (a run that never reached eval {a.target} counts as later than "
+              f"any that did):")
+        for name, rs in runs.items():
+            m = medians[name]
+            reached = sum(s["to_target"] is not None for s in rs)
+            print(f"{name:16} to eval {a.target}: {'never' if m is None else f'{m:.0f} s':>6} (reached in {reached} "
+                  f"of {len(rs)}); traj/s {statistics.median(s['traj_per_s'] for s in rs):.2f}; final eval "
+                  f"{statistics.median(s['final_eval'] for s in rs):.3f}; idle "
+                  f"{100 * statistics.median(s['idle'] for s in rs):.0f}%")
+    ref = medians.get("per_episode")
+    if "per_episode" in medians and ref is None:
+        print(f"per_episode did not reach eval {a.target} in {'most runs' if a.repeats > 1 else 'its run'}: no ratio")
     for name in ("lockstep", "synchronous"):
-        if name in table and ref:
-            other = table[name]["to_target"]
-            print(f"{name} / per_episode, time to eval {a.target}: "
-                  + (f"{other / ref:.2f}x" if other else f"> {a.minutes * 60 / ref:.2f}x (never reached it)"))
+        if name in medians and ref:
+            other = medians[name]
+            print(f"{name} / per_episode, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
+                  + (f"{other / ref:.2f}x" if other else f"> {budget / ref:.2f}x (never reached it)"))
     print("'generate': the engines' share of the explorers' time sampling, loading weights and evaluating; "
           "'tools': waiting for environment steps with nothing to generate; 'idle': all but 'generate'.")
     if not a.workdir:
