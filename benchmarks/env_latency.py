@@ -20,8 +20,8 @@ percentile `--p99` s), a realistic slow tool. Variants:
 `per_episode@256` (or `synchronous@256`) is that variant with 256 episodes in flight instead of
 `--in-flight`.
 
-`--repeats N` runs every variant N times, the variants taking turns (repeat r, in folder `NAME-rR`: each variant once,
-with `data.seed`, `trainer.seed` and the latency seed all r). On this task the greedy eval jumps
+`--repeats N` runs every variant N times, the variants taking turns (repeat r, in folder `NAME-rR`:
+each variant once, with `data.seed`, `trainer.seed` and the latency seed all r). On this task the greedy eval jumps
 from one plateau to the next (counting up, 0.43; binary search, 0.92), so one run's time to the
 target is one draw of when that jump happens: compare medians over repeats, not single runs.
 
@@ -133,6 +133,11 @@ def summarise(r: dict, target: float) -> dict:
             "generate": generate / wall, "env": st.get("env_s", 0.0) / wall, "idle": 1 - generate / wall}
 
 
+def run_label(name: str, r: int, repeats: int) -> str:
+    """A run's name in the table and its folder: the variant's, with `-r<r>` when there are repeats."""
+    return name if repeats == 1 else f"{name}-r{r}"
+
+
 def median_to_target(rs: list[dict]) -> float | None:
     """The median over runs of the seconds to the target; a run that never reached it sorts after
     every run that did, and a median that falls on one is None (never)."""
@@ -169,8 +174,7 @@ def main() -> int:
     runs: dict[str, list[dict]] = {name: [] for name in a.variants.split(",")}
     for r in range(a.repeats):  # the variants take turns, so a drift of the machine weighs on all alike
         for name in runs:
-            label = name if a.repeats == 1 else f"{name}-r{r}"
-            result = run_variant(label, [*variant(name, a, r), *a.set], a, prepared, work)
+            result = run_variant(run_label(name, r, a.repeats), [*variant(name, a, r), *a.set], a, prepared, work)
             runs[name].append(summarise(result, a.target))
     budget = a.minutes * 60
     print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
@@ -178,8 +182,7 @@ def main() -> int:
     for name, rs in runs.items():
         for r, s in enumerate(rs):
             t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
-            label = name if a.repeats == 1 else f"{name}-r{r}"
-            print(f"{label:16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
+            print(f"{run_label(name, r, a.repeats):16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
                   f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
                   f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}%")
     medians = {name: median_to_target(rs) for name, rs in runs.items()}
