@@ -23,7 +23,7 @@ from streamrft.config.explorer import (DataConfig, DifficultyParams, EngineConfi
                                        GatewayConfig, GatewayTeam, LatencyConfig, SamplingConfig, TaskSelectorConfig)
 from streamrft.config.model import LORA_TARGETS, PACKAGED_MODELS, PYPI_SOURCE, LoraSpec, ModelConfig, TinyModelSpec
 from streamrft.config.monitor import LOGGER_BACKENDS, DashboardConfig, MonitorConfig, PrometheusConfig
-from streamrft.config.stack import KafkaConfig, S3Config, StackConfig
+from streamrft.config.stack import KafkaConfig, RestartConfig, S3Config, StackConfig
 from streamrft.config.stream_ops import RewardTerm, StreamOpsConfig
 from streamrft.config.trainer import (AlgorithmConfig, DeepSpeedConfig, KLConfig, PartConfig, ReplayBufferConfig,
                                       ReplayConfig, SftMixConfig, TrainerConfig, WeightSyncConfig)
@@ -33,7 +33,7 @@ __all__ = ["ADVANTAGE_TYPES", "AGGREGATION_MODES", "ALGORITHM_TYPES", "ENV_TYPES
            "TASK_SELECTOR_TYPES", "WORKFLOW_TYPES",
            "AlgorithmConfig", "ConfigError", "DashboardConfig", "DataConfig", "DeepSpeedConfig", "DifficultyParams", "EngineConfig", "EnvConfig", "EvalConfig",
            "ExplorerConfig", "GatewayConfig", "GatewayTeam", "KLConfig", "KafkaConfig", "LatencyConfig", "LoraSpec", "ModelConfig", "MonitorConfig",
-           "PartConfig", "PrometheusConfig", "ReplayBufferConfig", "ReplayConfig", "RewardTerm", "RunConfig", "S3Config",
+           "PartConfig", "PrometheusConfig", "ReplayBufferConfig", "ReplayConfig", "RestartConfig", "RewardTerm", "RunConfig", "S3Config",
            "SamplingConfig", "Section", "SftMixConfig", "StackConfig", "StageConfig", "StreamOpsConfig",
            "TaskSelectorConfig", "TinyModelSpec", "TrainerConfig", "WeightSyncConfig",
            "apply_overrides", "dump_config", "load_config", "parse_config"]
@@ -109,6 +109,7 @@ class RunConfig(Section):
     """`streamrft run` stops the loop after this many seconds of it (None = at trainer.max_steps),
     counted from when its roles start: preparing the data and model, the warm-up `stages` and the
     start eval come before and are not counted (the final line's `wall_s` counts everything)."""
+    restarts: RestartConfig = Field(default_factory=RestartConfig)
     fork_roles: bool = False
     """`streamrft run` forks its roles from a server that imported torch and transformers once
     (`launch/roles.py`), instead of starting a fresh interpreter for each (`python -m streamrft.cli

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from streamrft.config.base import _PORT, Section
+from streamrft.config.base import _FINITE, _PORT, Section
 
 
 class KafkaConfig(Section):
@@ -112,3 +112,16 @@ class StackConfig(Section):
     """SeaweedFS's metadata store, chosen when the data dir is made (an existing one keeps its own):
     `sqlite` keeps no tombstones for the listings the broker makes on every fetch
     (`infra/stack.py` `filer_toml`, docs/broker-growth.md)."""
+
+
+class RestartConfig(Section):
+    """`restarts:`: how `streamrft run` restarts a role that exits non-zero (`launch/restarts.py`).
+    A role is restarted at most `max_restarts` times within any `window_s` seconds; the first
+    restart in a window is at once, each later one waits twice the one before (from `backoff_s`,
+    at most `max_backoff_s`). One failure more in the window ends the run, naming the role's log."""
+
+    max_restarts: int = Field(5, ge=0)
+    """0 = never restart: the first failure of any role ends the run."""
+    window_s: float = Field(600.0, gt=0, **_FINITE)
+    backoff_s: float = Field(1.0, ge=0, **_FINITE)
+    max_backoff_s: float = Field(30.0, ge=0, **_FINITE)

@@ -21,11 +21,8 @@ from pathlib import Path
 from streamrft.config import RunConfig, dump_config, load_config
 from streamrft.launch.prepare import PREPARED
 from streamrft.launch.quiet import quiet_libraries
+from streamrft.launch.restarts import RestartBudget
 from streamrft.launch.roles import spawn, start_server
-
-
-MAX_RESTARTS = 5
-"""A role that exits non-zero is started again, at most this many times per run."""
 
 
 def _write_roles(path: Path, procs: dict[str, subprocess.Popen]) -> None:
@@ -209,7 +206,8 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger, stages
                     **({"evaluator": ["evaluate", *role_cfg]} if runs_evaluator(cfg) else {})}
         for name, args in commands.items():
             procs[name] = spawn(args, logs / f"{name}.log", cfg.fork_roles)
-        restarts = dict.fromkeys(commands, 0)
+        budgets = {name: RestartBudget(cfg.restarts) for name in commands}
+        due: dict[str, float] = {}  # failed roles waiting out their backoff: when each starts again
         # who runs where, for people and for `kill`: the launcher stops them all on exit or Ctrl-C
         _write_roles(out / "roles.json", procs)
         follower = MetricsFollower(cfg.kafka, cfg.namespace, metric_logger)
@@ -224,13 +222,22 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger, stages
                     continue
                 # a role that failed (e.g. a delivery it could not complete while the broker was
                 # away) is started again and redoes its work from its durable state
-                if restarts[name] >= MAX_RESTARTS:
-                    raise RuntimeError(f"{name} exited with {p.returncode} after {MAX_RESTARTS} restarts; "
-                                       f"see {logs / (name + '.log')}")
-                restarts[name] += 1
-                print(f"{name} exited with {p.returncode}: restart {restarts[name]} of {MAX_RESTARTS}", flush=True)
-                procs[name] = spawn(commands[name], logs / f"{name}.log", cfg.fork_roles)
-                _write_roles(out / "roles.json", procs)
+                now = time.monotonic()
+                if name not in due:
+                    delay = budgets[name].delay(now)
+                    if delay is None:
+                        r = cfg.restarts
+                        raise RuntimeError(f"{name} exited with {p.returncode} after {r.max_restarts} restarts "
+                                           f"within {r.window_s:g} s; see {logs / (name + '.log')}")
+                    due[name] = now + delay
+                    print(f"{name} exited with {p.returncode}: restart {budgets[name].recent(now) + 1} of "
+                          f"{cfg.restarts.max_restarts} within {cfg.restarts.window_s:g} s"
+                          + (f", in {delay:g} s" if delay else ""), flush=True)
+                if now >= due[name]:
+                    del due[name]
+                    budgets[name].restarted(now)
+                    procs[name] = spawn(commands[name], logs / f"{name}.log", cfg.fork_roles)
+                    _write_roles(out / "roles.json", procs)
             if time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
                 print(view.line(), flush=True)
