@@ -75,6 +75,10 @@ class S3Config(Section):
     region: str = "us-east-1"
     bucket: str = "weights"
     """Bucket holding weight versions."""
+    timeout_s: float = Field(15.0, gt=0, **_FINITE)
+    """One S3 request's limit to connect, and to wait for each read of its answer: a half-open
+    connection (the store accepts, then never answers) fails after this and is retried, rather
+    than holding an upload or a fetch for minutes. The store's retry budget bounds all the tries."""
 
 
 class LogKeeperConfig(Section):

@@ -8,7 +8,9 @@ tokenizer; the weights too when versions are LoRA adapters), uploaded once, mani
 addressed by their content: every version's meta names it (`engine.weights.publish_base_model`).
 Every S3 call rides out a restart of the server: transient errors (connection refused or reset,
 timeouts, 5xx) are retried with exponential backoff for up to `retry_s` seconds, then
-`StoreUnavailableError` says so loudly. Errors that a retry cannot fix (NoSuchKey, access
+`StoreUnavailableError` says so loudly. Each try waits at most `s3.timeout_s` to connect and for
+each read, so a half-open connection costs seconds, and pooled connections are dropped after a
+transient error. Errors that a retry cannot fix (NoSuchKey, access
 denied, a corrupt file) are raised at once.
 """
 from __future__ import annotations
@@ -99,7 +101,7 @@ def make_client(cfg: S3Config) -> Minio:
     # request goes straight to the store's retries, which bound the total wait and log each try
     import certifi
 
-    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=10, read=120), maxsize=10,
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=cfg.timeout_s, read=cfg.timeout_s), maxsize=10,
                                cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
                                retries=urllib3.Retry(total=5, connect=0, read=0, other=0))
     return Minio(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key,
@@ -128,22 +130,33 @@ class WeightStore:
 
     def _retry(self, what: str, fn, *args, **kwargs):
         """`fn(*args, **kwargs)`, retried with exponential backoff while its errors are transient."""
-        deadline = time.monotonic() + self.retry_s
-        delay = 0.25
+        t0 = time.monotonic()
+        deadline = t0 + self.retry_s
+        delay, tries = 0.25, 0
         while True:
             try:
+                tries += 1
                 return fn(*args, **kwargs)
             except Exception as e:
                 if not is_transient(e):
                     raise
+                self._drop_connections()
                 left = deadline - time.monotonic()
                 reason = f"{type(e).__name__}: {str(e)[:200]}"
                 if left <= 0:
-                    raise StoreUnavailableError(f"S3 at {self.endpoint}: {what} kept failing for "
-                                                f"{self.retry_s:.0f}s; last error {reason}") from e
+                    raise StoreUnavailableError(
+                        f"S3 at {self.endpoint}: {what} failed {tries} time(s) in {time.monotonic() - t0:.0f}s "
+                        f"(retry budget {self.retry_s:.0f}s); last error {reason}") from e
                 log.warning("S3 %s failed (%s); retrying in %.1fs", what, reason, min(delay, left))
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, 8.0)
+
+    def _drop_connections(self) -> None:
+        """Close the client's pooled keep-alive connections: after a transient error the others to
+        the same store may be dead or half-open too, and each would cost a timeout of its own."""
+        http = getattr(self.client, "_http", None)  # minio keeps its urllib3 PoolManager there
+        if isinstance(http, urllib3.PoolManager):
+            http.clear()
 
     def ensure_bucket(self) -> None:
         if not self._retry("bucket_exists", self.client.bucket_exists, self.bucket):

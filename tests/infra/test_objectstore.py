@@ -162,9 +162,45 @@ def test_a_store_that_stays_down_fails_loudly_after_its_retry_budget():
     down = S3Config(endpoint=f"127.0.0.1:{free_ports()['s3_port']}", bucket="weights")
     store = WeightStore(down, retry_s=2.0)
     t0 = time.monotonic()
-    with pytest.raises(StoreUnavailableError, match="kept failing for 2s"):
+    with pytest.raises(StoreUnavailableError, match=r"list policy/ failed \d+ time\(s\) in \d+s \(retry budget 2s\)"):
         store.list_versions("policy")
     assert time.monotonic() - t0 < 20
+
+
+def test_a_store_that_accepts_and_never_answers_is_retried_within_seconds():
+    """A half-open S3 (it accepts the connection, then never answers) held one upload for the
+    client's 120 s read timeout, and the error then said "kept failing for 60s" about that one try.
+    Now each try gives up after `s3.timeout_s`, and the retry budget spans several tries."""
+    import socket
+
+    from streamrft.config import S3Config
+    from streamrft.infra.objectstore import StoreUnavailableError
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept():
+        while True:
+            try:
+                accepted.append(server.accept()[0])  # and never a byte back
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        silent = S3Config(endpoint=f"127.0.0.1:{server.getsockname()[1]}", bucket="weights", timeout_s=1.0)
+        store = WeightStore(silent, retry_s=4.0)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailableError) as info:
+            store.list_versions("policy")
+        took = time.monotonic() - t0
+    finally:
+        server.close()
+        for conn in accepted:
+            conn.close()
+    tries = int(info.value.args[0].split(" failed ")[1].split(" ")[0])
+    assert tries >= 3 and len(accepted) >= tries, (info.value, len(accepted))
+    assert took < 4.0 + 2 * 1.0 + 1.0  # the budget, at most one try past it, and slack
 
 
 def test_watcher_retries_a_version_it_could_not_fetch(stack, store, namespace, tmp_path):
