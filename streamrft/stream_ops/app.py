@@ -9,7 +9,9 @@ No record can stop the worker: `route_record` turns any exception raised while h
 (decode, validate, a user's reward, encoding the output) into a dead letter, and the agent never
 raises. Were it to raise, faust would restart it and drop the acks of the records in flight, so
 their partitions would never commit again; a failure that is not the record's (a send the
-producer gave up on) instead crashes the whole worker, which exits non-zero.
+producer gave up on) instead crashes the whole worker, which exits non-zero: with `OUTAGE_EXIT` when
+the broker did not answer (`is_broker_outage`), and then `streamrft score` replaces it with a fresh
+worker in the same role process (`infra/supervise.py`), which redoes what was not committed.
 
 Each record is scored and sent by its own task, so records score concurrently (up to
 `MAX_IN_FLIGHT`) and a slow model judge holds up no other record: its own term's timeout and
@@ -48,6 +50,7 @@ from faust.types import TP
 from confluent_kafka import KafkaException
 
 from streamrft.config import KafkaConfig, RunConfig
+from streamrft.infra.supervise import OUTAGE_EXIT
 from streamrft.infra.offset_gaps import REWIND_PAUSE_S, OffsetGaps
 from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, TaskOutcome, encode,
                                rollouts_pattern, topic_name)
@@ -76,6 +79,21 @@ PRODUCER_REQUEST_TIMEOUT_S = 30.0
 (faust's default is 20 minutes). faust's env var PRODUCER_REQUEST_TIMEOUT overrides it."""
 STOP_GRACE_S = 10.0
 """After a stop begins, the process exits within this long, even while faust waits on a dead broker."""
+
+_OUTAGE_ERRORS = ("KafkaTimeoutError", "UnknownError", "KafkaConnectionError", "NodeNotReadyError",
+                  "RequestTimedOutError", "NoBrokersAvailable")
+
+
+def is_broker_outage(exc: BaseException | None) -> bool:
+    """Did the worker fail because the broker did not answer (down, restarting, unreachable), not
+    because of what it sent or who it is (a record too large, a refused authorization)? Tansu
+    answers a produce with UnknownError while its own store is away."""
+    from aiokafka.errors import KafkaError
+
+    if isinstance(exc, KafkaError):
+        return bool(getattr(exc, "retriable", False)) or type(exc).__name__ in _OUTAGE_ERRORS
+    return isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError))
+
 
 Scorer = Callable[[RolloutGroup], "ExperienceGroup | None | Scored"]
 AsyncScorer = Callable[[RolloutGroup], Awaitable["ExperienceGroup | None | Scored"]]
@@ -363,6 +381,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
         if crashed:
             return
         crashed.append(exc)
+        app.crash_cause = exc
         log.error("stream-ops: %s: %s; exiting, a restart redoes the uncommitted records", type(exc).__name__, exc)
         await app.crash(exc)
 
@@ -506,8 +525,14 @@ class BoundedStopWorker(faust.Worker):
         if self._watchdog is not None:
             self._watchdog.cancel()
 
+    def exit_code(self, code: int) -> int:
+        """`code`, except after a crash because the broker did not answer: `OUTAGE_EXIT`."""
+        if code and is_broker_outage(getattr(self.app, "crash_cause", None) or self.crash_reason):
+            return OUTAGE_EXIT
+        return code
+
     def _exit_now(self) -> None:
-        code = 1 if self.crash_reason is not None else 0
+        code = self.exit_code(1 if self.crash_reason is not None else 0)
         log.error("stream-ops: stopping took over %.0f s; exiting with %d (uncommitted records are redone)",
                   STOP_GRACE_S, code)
         for stream in (sys.stdout, sys.stderr):
@@ -538,7 +563,7 @@ def run_worker(cfg: RunConfig, worker_id: str, stop_after: float | None = None, 
     try:
         worker.execute_from_commandline()
     except SystemExit as e:  # mode's Worker always exits through sys.exit
-        return int(e.code or 0)
+        return worker.exit_code(int(e.code or 0))
     finally:
         worker.disarm()
         prom.close()

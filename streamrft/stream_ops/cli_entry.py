@@ -1,7 +1,8 @@
 """`streamrft score CONFIG [section.field=value ...]`: run one stream-ops worker until SIGTERM/SIGINT.
 
 `cmd_score(args)` reads `args.config` and `args.overrides` (plus optional `args.worker_id` and
-`args.stop_after`) and returns an exit code; against the embedded stack it uses the broker recorded
+`args.stop_after`) and returns an exit code; the worker runs in a child process, replaced by a fresh
+one while the broker is away (`infra/supervise.py`); against the embedded stack it uses the broker recorded
 in the stack's data dir. `python -m streamrft.stream_ops.cli_entry CONFIG [overrides]` does the same.
 """
 from __future__ import annotations
@@ -26,9 +27,13 @@ def cmd_score(args) -> int:
     shown = cfg.model_copy(update={"kafka": kafka.model_copy(update={"password": kafka.password and "***"})})
     print(f"stream-ops worker {worker_id}, resolved config:\n{dump_config(shown)}", file=sys.stderr)
 
+    from streamrft.infra.supervise import replace_on_outage
     from streamrft.stream_ops.app import run_worker  # late: faust and torch
 
-    return run_worker(cfg, worker_id, stop_after=getattr(args, "stop_after", None))
+    # a worker that failed because the broker did not answer is replaced by a fresh one (it redoes
+    # what was not committed); this process, the role, lives on through the outage
+    return replace_on_outage(lambda: run_worker(cfg, worker_id, stop_after=getattr(args, "stop_after", None)),
+                             f"stream-ops worker {worker_id}")
 
 
 if __name__ == "__main__":

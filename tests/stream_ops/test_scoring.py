@@ -265,3 +265,15 @@ def test_a_user_reward_that_asks_for_task_and_trajectory_gets_them(tmp_path, mon
     assert exp.reward_components["my_episode_reward:bonus"] == [7.0, 5.0]
     assert exp.rewards == [8.0, 5.0]
     assert exp.advantages == pytest.approx([1.5, -1.5])
+
+
+def test_broker_outages_are_told_from_the_workers_own_failures():
+    from aiokafka.errors import (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RecordTooLargeError,
+                                 TopicAuthorizationFailedError, UnknownError)
+
+    from streamrft.stream_ops.app import is_broker_outage
+
+    for exc in (KafkaTimeoutError(), UnknownError(), KafkaConnectionError(), NodeNotReadyError(), ConnectionResetError()):
+        assert is_broker_outage(exc), exc
+    for exc in (RecordTooLargeError(), TopicAuthorizationFailedError(), ValueError(), None):
+        assert not is_broker_outage(exc), exc
