@@ -20,6 +20,11 @@ class KafkaConfig(Section):
     """Kept short: the embedded broker holds every JoinGroup reply for half of it."""
     heartbeat_interval_ms: int = Field(1000, ge=1)
     """Must be below `session_timeout_ms` (a member that heartbeats slower is evicted)."""
+    socket_timeout_ms: int = Field(10000, ge=10, le=300000)
+    """How long a client waits for the answer to one request before it gives up on the connection
+    and opens a new one (librdkafka `socket.timeout.ms`, whose default is 60 s). A half-open
+    connection (the broker or the network lost it without a reset) then costs seconds: the
+    request is sent again on a fresh connection, and a producer's records are retried, not lost."""
     fetch_wait_ms: int = Field(100, ge=1, le=10000)
     """How long a fetch of the loop's data path (stream ops' rollouts, the trainer's experiences, the
     explorers' weights watcher) waits for new records. The embedded broker (Tansu) holds a fetch

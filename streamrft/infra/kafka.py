@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 def client_conf(cfg: KafkaConfig) -> dict:
     # log_level 4: warnings and errors only (librdkafka's info lines are noise in role logs)
-    conf = {"bootstrap.servers": cfg.bootstrap, "security.protocol": cfg.security_protocol, "log_level": 4}
+    conf = {"bootstrap.servers": cfg.bootstrap, "security.protocol": cfg.security_protocol, "log_level": 4,
+            "socket.timeout.ms": cfg.socket_timeout_ms}
     if cfg.sasl_mechanism:
         conf.update({"sasl.mechanism": cfg.sasl_mechanism, "sasl.username": cfg.username or "",
                      "sasl.password": cfg.password or ""})

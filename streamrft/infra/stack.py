@@ -158,6 +158,8 @@ class EmbeddedStack:
         self._children: dict[int, subprocess.Popen] = {}
         self.tansu_s3_endpoint: str | None = None  # where Tansu reaches S3, if not the store itself
         # (a test's fault-injecting proxy: `infra.chaos.DelayingS3Proxy`); read when Tansu starts
+        self.tansu_advertised_port: int | None = None  # the port Tansu tells clients to reach it on,
+        # if not its own (a `infra.faultproxy.FaultProxy` in front of it); read when Tansu starts
 
     # ---- state -------------------------------------------------------------------------
     def load_state(self) -> StackState | None:
@@ -212,7 +214,8 @@ class EmbeddedStack:
 
     def _tansu_cmd(self, s: StackState) -> list[str]:
         url = f"tcp://{s.host}:{s.kafka_port}"
-        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        advertised = f"tcp://{s.host}:{self.tansu_advertised_port or s.kafka_port}"
+        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                 "--storage-engine", f"s3://{TANSU_BUCKET}/"]
 
     def _tansu_env(self, s: StackState) -> dict[str, str]:
