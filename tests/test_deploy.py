@@ -420,3 +420,196 @@ def test_docker_compose_config():
         pytest.skip("docker CLI has no compose plugin")
     r = subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# ---- the cluster profile: deploy/cluster.compose.yml over docker-compose.yml ----
+
+def _merge(base, over, key: str = ""):
+    """Compose's merge of an override file: mappings merge, `command`/`entrypoint` are replaced,
+    other sequences (ports, volumes) are appended to."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {k: _merge(base[k], over[k], k) if k in base and k in over else over.get(k, base.get(k))
+                for k in {**base, **over}}
+    if isinstance(base, list) and isinstance(over, list) and key not in ("command", "entrypoint"):
+        return base + [v for v in over if v not in base]
+    return over
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict:
+    return _merge(_read_compose(), yaml.safe_load((ROOT / "deploy" / "cluster.compose.yml").read_text()))
+
+
+def _brokers(compose: dict) -> dict[str, dict]:
+    return {name: svc for name, svc in compose["services"].items()
+            if str(svc.get("image", "")).startswith("apache/kafka:") and "KAFKA_NODE_ID" in svc.get("environment", {})}
+
+
+def test_cluster_profile_is_three_kraft_nodes_with_replication_3_and_min_isr_2(cluster):
+    brokers = _brokers(cluster)
+    assert sorted(brokers) == ["kafka", "kafka-2", "kafka-3"]
+    voters = {}
+    for name, svc in brokers.items():
+        env = svc["environment"]
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+        voters[int(env["KAFKA_NODE_ID"])] = name
+        assert int(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]) == 3 and int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == 2
+        assert int(env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 2
+        assert env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+        assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+        assert f"PLAINTEXT://{name}:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+        # the SASL listener a team outside reaches is the port published for this broker
+        external = re.search(r"SASL_PLAINTEXT://localhost:(\d+)", env["KAFKA_ADVERTISED_LISTENERS"]).group(1)
+        assert f"{external}:9094" in svc["ports"], name
+        assert any(v.endswith(":/var/lib/kafka/data") for v in svc["volumes"]), name
+        assert svc["healthcheck"] and svc["configs"][0]["source"] == "kafka_jaas"
+    assert sorted(voters) == [1, 2, 3]
+    quorum = {f"{i}@{name}:9093" for i, name in voters.items()}
+    for svc in brokers.values():
+        assert set(svc["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")) == quorum
+    assert len({svc["environment"]["CLUSTER_ID"] for svc in brokers.values()}) == 1
+    for name, svc in cluster["services"].items():  # what the merged file names exists
+        for dep in svc.get("depends_on", {}):
+            assert dep in cluster["services"], f"{name} depends on unknown service {dep}"
+        for volume in svc.get("volumes", []):
+            src = volume.split(":")[0]
+            assert src.startswith(".") or src in cluster["volumes"], f"{name}: volume {src} not declared"
+
+
+@pytest.mark.parametrize("role", [*sorted(_roles(_read_compose())), "topics"])
+def test_cluster_profile_roles_use_every_broker_replicated_and_idempotent(cluster, role):
+    service = cluster["services"][role]
+    _, cfg = _service_config(service)
+    assert sorted(cfg.kafka.bootstrap.split(",")) == sorted(f"{b}:9092" for b in _brokers(cluster))
+    assert cfg.kafka.replication_factor == 3 and cfg.kafka.idempotence is True
+    assert cfg.s3.endpoint == "minio:9000"
+    for broker in _brokers(cluster):
+        assert service["depends_on"][broker] == {"condition": "service_healthy"}, (role, broker)
+
+
+# ---- Kubernetes: deploy/k8s (Strimzi Kafka and users, MinIO, the roles) ----
+
+def _k8s() -> dict[tuple[str, str], dict]:
+    docs = {}
+    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in docs, f"{key} twice"
+            docs[key] = doc
+    return docs
+
+
+@pytest.fixture(scope="module")
+def k8s() -> dict:
+    return _k8s()
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def _workloads(docs: dict) -> dict[str, dict]:
+    return {name: d for (kind, name), d in docs.items() if kind in ("Deployment", "StatefulSet", "Job")}
+
+
+def _k8s_config(docs: dict) -> Path:
+    path = Path(tempfile.mkdtemp()) / "run.yaml"
+    path.write_text(docs[("ConfigMap", "streamrft-config")]["data"]["run.yaml"])
+    return path
+
+
+def test_k8s_kafka_is_three_kraft_nodes_replicated_with_scram_and_acls(k8s):
+    kafka = k8s[("Kafka", "streamrft")]
+    assert kafka["metadata"]["annotations"] == {"strimzi.io/kraft": "enabled", "strimzi.io/node-pools": "enabled"}
+    pools = [d for (kind, _), d in k8s.items() if kind == "KafkaNodePool"]
+    assert sum(p["spec"]["replicas"] for p in pools) == 3
+    for pool in pools:
+        assert pool["metadata"]["labels"]["strimzi.io/cluster"] == "streamrft"
+        assert set(pool["spec"]["roles"]) == {"controller", "broker"}
+    config = kafka["spec"]["kafka"]["config"]
+    assert config["default.replication.factor"] == 3 and config["min.insync.replicas"] == 2
+    assert config["offsets.topic.replication.factor"] == 3 and config["transaction.state.log.min.isr"] == 2
+    assert config["auto.create.topics.enable"] is False
+    for listener in kafka["spec"]["kafka"]["listeners"]:
+        assert listener["authentication"] == {"type": "scram-sha-512"}, listener["name"]
+    assert kafka["spec"]["kafka"]["authorization"] == {"type": "simple"}
+    assert "userOperator" in kafka["spec"]["entityOperator"]
+
+
+def test_k8s_each_team_may_write_only_its_own_rollouts_topic(k8s):
+    cfg = load_config(_k8s_config(k8s))
+    users = {name: d for (kind, name), d in k8s.items() if kind == "KafkaUser"}
+    for name, user in users.items():
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == "streamrft"
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+    for team in cfg.teams:
+        if team == cfg.explorer.team:
+            continue  # the run's own explorers: the roles' user
+        (acl,) = users[team]["spec"]["authorization"]["acls"]
+        assert acl["resource"] == {"type": "topic", "name": topic_name(cfg.namespace, "rollouts", team),
+                                   "patternType": "literal"}
+        assert sorted(acl["operations"]) == ["Describe", "Write"]
+    roles = users[cfg.kafka.username]["spec"]["authorization"]["acls"]
+    prefixes = {a["resource"]["type"]: a["resource"]["name"] for a in roles if a["resource"].get("patternType") == "prefix"}
+    for topic in run_topics(cfg.kafka, cfg.namespace, cfg.teams):
+        assert topic.startswith(prefixes["topic"]), topic
+    for group in (f"{cfg.namespace}.stream-ops", f"{cfg.namespace}.explorer-members", "streamrft-probe"):
+        assert group.startswith(prefixes["group"]), group
+
+
+def test_k8s_every_streamrft_container_parses_and_its_config_loads(k8s):
+    """Each command as the container runs it (k8s puts the env into `$(VAR)`), through the real CLI,
+    against the ConfigMap's config: the cluster's bootstrap service, SCRAM, replication 3, MinIO."""
+    config = _k8s_config(k8s)
+    services = {name for (kind, name) in k8s if kind == "Service"}
+    secrets = {name for (kind, name) in k8s if kind == "Secret"} | {
+        name for (kind, name) in k8s if kind == "KafkaUser"}  # Strimzi makes a Secret per KafkaUser
+    commands = {}
+    for name, doc in _workloads(k8s).items():
+        for c in _containers(doc):
+            env = {}
+            for var in c.get("env", []):
+                if "valueFrom" in var and "secretKeyRef" in var["valueFrom"]:
+                    assert var["valueFrom"]["secretKeyRef"]["name"] in secrets, (name, var)
+                env[var["name"]] = "3" if var["name"] == "POD_INDEX" else var.get("value", "x")
+            argv = [*c.get("command", []), *c.get("args", [])]
+            if argv[:1] != ["streamrft"]:
+                continue
+            argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in argv]
+            args = build_parser().parse_args(argv[1:])
+            assert args.config == "/config/run.yaml"
+            cfg = load_config(config, args.overrides)
+            assert cfg.kafka.bootstrap == "streamrft-kafka-bootstrap:9092"  # Strimzi's <cluster>-kafka-bootstrap
+            assert cfg.kafka.sasl_mechanism == "SCRAM-SHA-512" and cfg.kafka.password == "x"
+            assert cfg.kafka.replication_factor == 3 and cfg.kafka.idempotence is True
+            assert cfg.s3.endpoint.split(":")[0] in services and cfg.stack.embedded is False
+            commands.setdefault(name, []).append(args.command)
+            if args.command == "explore":
+                assert args.index == 3  # from the pod's ordinal
+        for volume in doc["spec"]["template"]["spec"].get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in k8s
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in k8s
+    assert {name: cmds[-1] for name, cmds in commands.items()} == {
+        "explorer": "explore", "stream-ops": "score", "trainer": "train", "gateway": "serve"}
+    for name in ("explorer", "stream-ops", "trainer", "gateway"):
+        assert commands[name][0] == "topics", f"{name}: its topics exist before it starts"
+
+
+def test_k8s_roles_scale_where_they_may_and_the_trainer_never_runs_twice(k8s):
+    assert k8s[("StatefulSet", "explorer")]["spec"]["podManagementPolicy"] == "Parallel"
+    assert ("Deployment", "stream-ops") in k8s and ("StatefulSet", "trainer") in k8s
+    assert k8s[("StatefulSet", "trainer")]["spec"]["replicas"] == 1
+    for (kind, name), doc in k8s.items():
+        if kind in ("Deployment", "StatefulSet"):
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
+    prepare = k8s[("Job", "prepare")]
+    marker = re.search(r"touch (\S+)", prepare["spec"]["template"]["spec"]["containers"][0]["args"][0]).group(1)
+    for name in ("explorer", "stream-ops", "trainer", "gateway"):
+        wait = k8s[next(k for k in k8s if k[1] == name and k[0] != "Service")]["spec"]["template"]["spec"]
+        assert marker in " ".join(wait["initContainers"][0]["command"]), name
