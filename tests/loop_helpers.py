@@ -71,6 +71,21 @@ class Roles:
         path = self.logs / f"{name}.log"
         return f"--- {name} ---\n" + (path.read_text(errors="replace")[-n:] if path.exists() else "(no log)")
 
+    def wait_for_a_version(self, ckpt: Path, after: int, within: float, what: str, not_before: float = 0.0) -> int:
+        """Supervise until the trainer has a checkpoint newer than `after` (and the clock has passed
+        `not_before`); returns its version. Fails on a stall or a trainer that finished already."""
+        from tests_helpers import trainer_version
+
+        deadline = time.monotonic() + within
+        while time.monotonic() < not_before or trainer_version(ckpt) <= after:
+            self.supervise()
+            assert not self.trainer_done, f"the trainer finished too soon: raise its max_steps ({what})"
+            assert time.monotonic() < deadline, (
+                f"stall: no trainer version after v{after} within {within:.0f}s; {what}\n"
+                + "\n".join(self.tail(n) for n in self.args))
+            time.sleep(0.2)
+        return trainer_version(ckpt)
+
     def wind_down(self, kafka, ns: str, team: str) -> None:
         """The trainer finishes its steps, the explorers stop, stream ops catches up with everything
         they produced (its committed offsets at the rollouts' ends), then stops."""

@@ -69,15 +69,8 @@ def test_kill_every_role_and_both_servers_loses_nothing_and_trains_nothing_twice
     try:
         last_version = trainer_version(ckpt)
         for victim in victims:
-            pause_until = time.monotonic() + rng.uniform(2.0, 8.0)
-            progress_deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-            while time.monotonic() < pause_until or trainer_version(ckpt) <= last_version:
-                roles.supervise()
-                assert not roles.trainer_done, f"the trainer finished before the chaos did: raise MAX_STEPS ({kills})"
-                assert time.monotonic() < progress_deadline, (
-                    f"stall: no trainer version after v{last_version} for {PROGRESS_TIMEOUT_S}s; kills {kills}\n"
-                    + "\n".join(roles.tail(n) for n in roles.args))
-                time.sleep(0.2)
+            roles.wait_for_a_version(ckpt, last_version, PROGRESS_TIMEOUT_S, f"kills {kills}",
+                                     not_before=time.monotonic() + rng.uniform(2.0, 8.0))
             last_version = trainer_version(ckpt)
             if victim in ("tansu", "weed"):
                 es.kill(victim)

@@ -71,15 +71,7 @@ def test_the_loop_rides_out_network_faults_losing_nothing_training_nothing_twice
     done: list[str] = []
 
     def wait_for_a_version(after: int, within: float, what: str) -> int:
-        deadline = time.monotonic() + within
-        while trainer_version(ckpt) <= after:
-            roles.supervise()
-            assert not roles.trainer_done, f"the trainer finished before the faults did: raise MAX_STEPS ({done})"
-            assert time.monotonic() < deadline, (
-                f"{what}: no trainer version after v{after} within {within:.0f}s; faults {done}\n"
-                + "\n".join(roles.tail(n) for n in roles.args))
-            time.sleep(0.2)
-        return trainer_version(ckpt)
+        return roles.wait_for_a_version(ckpt, after, within, f"{what}; faults {done}")
 
     try:
         version = wait_for_a_version(-1, PROGRESS_TIMEOUT_S, "start")
