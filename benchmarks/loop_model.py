@@ -181,7 +181,7 @@ def simulate(p: LoopParams, seconds: float, seed: int = 0, warmup_s: float = 0.0
                 del in_flight[v]
             at(now + p.bus_s, "arrived", v)
             # the oldest weights in flight may be newer now: the bound rose for every explorer
-            for x in [e, *range(p.explorers)] if not in_flight or v < min(in_flight) else [e]:
+            for x in range(p.explorers) if not in_flight or v < min(in_flight) else [e]:
                 admit(x, now)
         elif kind == "arrived":
             if rng.random() < p.filtered:
