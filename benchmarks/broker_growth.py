@@ -169,6 +169,13 @@ def loop(config: str, minutes: float, workdir: Path, keeper: bool = True, overri
           f"(ratio {rate(last, 1) / max(rate(first, 1), 1e-9):.2f}; target >= 0.67)")
     print(f"trajectories/s: first 5 min {rate(first, 2):.1f}, last 10 min {rate(last, 2):.1f} "
           f"(ratio {rate(last, 2) / max(rate(first, 2), 1e-9):.2f})")
+    # issue 52's window: trajectories generated a minute in minutes 1-6 against the last 5 minutes
+    early = [pt for pt in points if 60 <= pt[0] < 360]
+    late = [pt for pt in points if pt[0] >= t_end - 300]
+    if len(early) >= 2 and len(late) >= 2:
+        e, lt = rate(early, 2) * 60, rate(late, 2) * 60
+        print(f"trajectories/min: minutes 1-6 {e:,.0f}, last 5 min {lt:,.0f} "
+              f"(ratio {lt / max(e, 1e-9):.2f}; target >= 0.9 over 25 min, >= 0.85 over 60)")
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:12]:
         print(f"objects at the end {n:6d}  {key}")
     for topic, (n, secs) in replays.items():

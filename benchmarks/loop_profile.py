@@ -12,7 +12,10 @@ side in one run of this script: the same prepared checkpoint, tasks and steps, t
 - the loop's consumers fetch with `kafka.fetch_wait_ms` 500 before (librdkafka's default; faust's
   own was 1500 before the setting existed), 100 after: the embedded broker holds a fetch that finds
   nothing new for all of it, so every hop of the loop waited up to that long.
-`--set KEY=VALUE` (repeatable) adds an override to every variant.
+- leveldb2 / sqlite: the demo's own settings on a stack made with that SeaweedFS metadata store
+  (`stack.filer_store`; docs/broker-growth.md, "Flat by default").
+`--set KEY=VALUE` (repeatable) adds an override to every variant; `--repeats N` runs the variants
+N times taking turns (each run on a fresh stack) and prints the median of each column.
 The background publisher (version N's upload overlapping step N+1) is on in both: it has no switch
 (its own before / after, on the commits either side of it: benchmarks/trainer_step_loop.py).
 
@@ -37,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env_latency import median_to_target  # noqa: E402
 from vs_trl import ROOT  # noqa: E402
 
 from streamrft.infra.stack import free_ports  # noqa: E402
@@ -46,6 +50,8 @@ VARIANTS = {
                "kafka.fetch_wait_ms=500"],
     "after": ["eval.runner=evaluator", "trainer.checkpoint_every=10", "trainer.weight_sync.delta=true",
               "trainer.weight_sync.full_every=10", "kafka.fetch_wait_ms=100"],
+    "leveldb2": ["stack.filer_store=leveldb2"],
+    "sqlite": ["stack.filer_store=sqlite"],
 }
 TRAINER = ("wait_s", "step_s", "publish_s", "loop_latency_s")
 
@@ -54,11 +60,12 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run_variant(name: str, a, prepared, workdir: Path) -> dict:
+def run_variant(name: str, a, prepared, workdir: Path, run: str | None = None) -> dict:
+    run = run or name
     ports = free_ports()
     kafka, s3, weed = ports["kafka_port"], ports["s3_port"], ports["weed_port_base"]
     overrides = [f"model.path={prepared.model.path}", "stages=[]", f"data.train={prepared.data.train}",
-                 f"data.eval={prepared.data.eval}", f"output_dir={workdir / name}", f"stack.data_dir={workdir / name}/stack",
+                 f"data.eval={prepared.data.eval}", f"output_dir={workdir / run}", f"stack.data_dir={workdir / run}/stack",
                  f"stack.kafka_port={kafka}", f"stack.s3_port={s3}", f"stack.weed_port_base={weed}",
                  f"trainer.max_steps={a.steps}", f"eval.every_versions={a.eval_every}", "max_wall_s=null",
                  *VARIANTS[name], *a.set]
@@ -95,6 +102,18 @@ def run_variant(name: str, a, prepared, workdir: Path) -> dict:
             "final_eval": float(final.get("eval_reward_end", "nan"))}
 
 
+def _medians(rs: list[dict], cols: list[str]) -> dict:
+    """Each column's median over runs; a run that never reached the target counts as slowest."""
+    out = {}
+    for c in [*cols, "versions"]:
+        if c == "to_target":
+            out[c] = median_to_target(rs)
+        else:
+            vals = [r[c] for r in rs if r.get(c) is not None]
+            out[c] = statistics.median(vals) if vals else None
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="examples/cpu_demo.yaml")
@@ -103,6 +122,7 @@ def main() -> int:
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--variants", default="before,after")
     p.add_argument("--set", action="append", default=[], help="an override for every variant")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each variant, taking turns")
     p.add_argument("--workdir", help="work here (kept; a demo prepared there before is reused)")
     a = p.parse_args()
 
@@ -113,22 +133,36 @@ def main() -> int:
     print(f"load average at start: {load()} on {os.cpu_count()} cores", flush=True)
     try:
         prepared = prepare(load_config(a.config, [f"output_dir={work}/prepared"]))
-        res = {}
-        for name in a.variants.split(","):
-            res[name] = run_variant(name, a, prepared, work)
-            print(f"load average after {name}: {load()}", flush=True)
+        names = a.variants.split(",")
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for rep in range(a.repeats):
+            for name in names:
+                label = name if a.repeats == 1 else f"{name}-{rep + 1}"
+                runs[name].append(run_variant(name, a, prepared, work, label))
+                print(f"load average after {label}: {load()}", flush=True)
         fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
         cols = ["per_version", *TRAINER, "to_target", "wall", "final_eval"]
-        print(f"\n{'':<8}" + "".join(f"{c:>16}" for c in cols) + f"{'versions':>10}")
-        for name, r in res.items():
-            print(f"{name:<8}" + "".join(f"{fmt(r.get(c)):>16}" for c in cols) + f"{r['versions']:>10}")
-        for name, r in res.items():
-            print(f"{name}: {r['profile']}")
-            print(f"{name} evals: " + " ".join(f"v{v}:{s:.2f}" for v, s in r["evals"]))
-        if {"before", "after"} <= set(res):
-            b, af = res["before"], res["after"]
-            ratios = {c: af[c] / b[c] for c in cols if af.get(c) and b.get(c)}
-            print("ratio after/before: " + ", ".join(f"{c} {v:.2f}" for c, v in ratios.items()))
+        print(f"\n{'':<12}" + "".join(f"{c:>16}" for c in cols) + f"{'versions':>10}")
+        for name, rs in runs.items():
+            for i, r in enumerate(rs):
+                label = name if a.repeats == 1 else f"{name}-{i + 1}"
+                print(f"{label:<12}" + "".join(f"{fmt(r.get(c)):>16}" for c in cols) + f"{r['versions']:>10}")
+        res = {name: rs[0] if a.repeats == 1 else _medians(rs, cols) for name, rs in runs.items()}
+        if a.repeats > 1:
+            for name, r in res.items():
+                reached = sum(x["to_target"] is not None for x in runs[name])
+                print(f"{name + ' med':<12}" + "".join(f"{fmt(r.get(c)):>16}" for c in cols)
+                      + f"{r['versions']:>10}  reached {a.target} in {reached} of {a.repeats}")
+        for name, rs in runs.items():
+            for i, r in enumerate(rs):
+                label = name if a.repeats == 1 else f"{name}-{i + 1}"
+                print(f"{label}: {r['profile']}")
+                print(f"{label} evals: " + " ".join(f"v{v}:{s:.2f}" for v, s in r["evals"]))
+        for old, new in (("before", "after"), ("leveldb2", "sqlite")):
+            if {old, new} <= set(res):
+                b, af = res[old], res[new]
+                ratios = {c: af[c] / b[c] for c in cols if af.get(c) and b.get(c)}
+                print(f"ratio {new}/{old}: " + ", ".join(f"{c} {v:.2f}" for c, v in ratios.items()))
         print(f"load average at end: {load()}", flush=True)
     finally:
         if a.workdir:

@@ -78,6 +78,8 @@ def test_up_status_down_twice(tmp_path):
         r, imported = _cli("up", *flags)
         assert r.returncode == 0, r.stderr
         assert "stack up" in r.stdout and not imported & set(HEAVY)
+        # a new data dir gets the default metadata store, and up names it
+        assert "store sqlite (SeaweedFS metadata" in r.stdout and (data_dir / "s3" / "filer.db").exists()
         pids = {name: p.pid for name, p in es.load_state().procs.items()}
         assert set(pids) == {"weed", "tansu", "keeper"} and all(pid_alive(p) for p in pids.values())
 

@@ -117,10 +117,12 @@ class StackConfig(Section):
     weed_port_base: int = Field(19400, ge=1, le=65535 - 8)
     """First of the 9 internal SeaweedFS ports (master, volume, filer, admin and their gRPC ports)."""
     log_keeper: LogKeeperConfig = Field(default_factory=LogKeeperConfig)
-    filer_store: Literal[FILER_STORES] = "leveldb2"
-    """SeaweedFS's metadata store, chosen when the data dir is made (an existing one keeps its own):
-    `sqlite` keeps no tombstones for the listings the broker makes on every fetch
-    (`infra/stack.py` `filer_toml`, docs/broker-growth.md)."""
+    filer_store: Literal[FILER_STORES] = "sqlite"
+    """SeaweedFS's metadata store, chosen when the data dir is made (an existing one keeps its own,
+    and `streamrft up` names it): `sqlite` keeps no tombstones for the listings the broker makes on
+    every fetch, so a run keeps its speed for hours; `leveldb2` (weed's own default, and ours before
+    2026-12) serves the first minutes faster and slows as the run ages (`infra/stack.py`
+    `filer_toml`, docs/broker-growth.md)."""
 
 
 class RestartConfig(Section):

@@ -146,7 +146,7 @@ class EmbeddedStack:
 
     def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", kafka_port: int = 9092,
                  s3_port: int = 8333, weed_port_base: int = 19400, buckets: tuple[str, ...] = ("weights",),
-                 log_keeper: dict | None = None, filer_store: str = "leveldb2"):
+                 log_keeper: dict | None = None, filer_store: str = "sqlite"):
         self.data_dir = Path(data_dir).resolve()
         self.filer_store = filer_store
         # the log keeper's options (`log_keeper.main`: every_s, min_age_s, target_bytes, min_run);
@@ -181,18 +181,26 @@ class EmbeddedStack:
             return {}
         return {name: pid_alive(p.pid, p.cmd[0]) for name, p in state.procs.items()}
 
+    def filer_store_made_with(self) -> str | None:
+        """The metadata store this data dir was made with (its files found), None if not made yet."""
+        s3_dir = self.data_dir / "s3"
+        if (s3_dir / "filer.db").exists():
+            return "sqlite"
+        if (s3_dir / "filerldb2").exists():
+            return "leveldb2"
+        return None
+
+    def filer_store_in_use(self) -> str:
+        """The store weed runs on here: the one the data dir was made with, else the one asked for."""
+        return self.filer_store_made_with() or self.filer_store
+
     # ---- commands ------------------------------------------------------------------------
     def _spawn_weed(self, s: StackState) -> Proc:
         """Start weed with the filer store this data dir was made with (a store's files found), else
         the one asked for: a stack keeps its store for life, since another would start with no
         objects. weed reads `filer.toml` from its working directory, the data dir."""
         s3_dir = self.data_dir / "s3"
-        if (s3_dir / "filer.db").exists():
-            store = "sqlite"
-        elif (s3_dir / "filerldb2").exists():
-            store = "leveldb2"
-        else:
-            store = self.filer_store
+        store = self.filer_store_in_use()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         toml, text = self.data_dir / "filer.toml", filer_toml(store, s3_dir)
         if text is None:

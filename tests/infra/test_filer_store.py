@@ -1,5 +1,6 @@
-"""The embedded stack's metadata store (`stack.filer_store`): a data dir keeps the store it was made
-with, and a SQLite-backed stack serves the broker and S3 as the default one does."""
+"""The embedded stack's metadata store (`stack.filer_store`, sqlite by default): a data dir keeps the
+store it was made with, so one made with leveldb2 (the default before) keeps working, and `up` says
+which store a data dir uses."""
 from __future__ import annotations
 
 import io
@@ -7,7 +8,8 @@ import io
 import pytest
 from minio import Minio
 
-from streamrft.config import KafkaConfig
+from streamrft.cli import filer_store_line
+from streamrft.config import KafkaConfig, StackConfig
 from streamrft.infra.kafka import (
     ensure_topics,
     flush_or_raise,
@@ -64,3 +66,35 @@ def test_a_sqlite_stack_keeps_its_store_and_its_objects_across_a_restart_asking_
         assert [m.value() for m in read_topic(kafka, topic_name("filer-store", "metrics"))] == [b"0", b"1", b"2"]
     finally:
         es.down()
+
+
+def test_a_data_dir_made_with_the_old_default_keeps_leveldb2_under_the_new_one(tmp_path):
+    assert StackConfig().filer_store == "sqlite" and EmbeddedStack(tmp_path).filer_store == "sqlite"
+    ports = free_ports()
+    es = EmbeddedStack(tmp_path, filer_store="leveldb2", log_keeper={"enabled": False}, **ports)
+    assert es.filer_store_made_with() is None
+    try:
+        state = es.up()
+        client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
+        client.put_object("weights", "m/v1/a.bin", io.BytesIO(b"abc"), 3)
+    finally:
+        es.down()
+    es = EmbeddedStack(tmp_path, log_keeper={"enabled": False}, **ports)  # the new default asks for sqlite
+    assert es.filer_store_made_with() == "leveldb2" and es.filer_store_in_use() == "leveldb2"
+    line = filer_store_line(es, "sqlite")
+    assert line.startswith("store leveldb2 (") and "a data dir made anew uses sqlite" in line
+    try:
+        state = es.up()
+        assert not (tmp_path / "filer.toml").exists() and not (tmp_path / "s3" / "filer.db").exists()
+        client = Minio(state.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False)
+        assert [o.object_name for o in client.list_objects("weights", prefix="m/", recursive=True)] == ["m/v1/a.bin"]
+    finally:
+        es.down()
+
+
+def test_up_names_a_kept_store_that_is_not_the_one_asked_for(tmp_path):
+    (tmp_path / "s3").mkdir()
+    (tmp_path / "s3" / "filer.db").write_bytes(b"")
+    es = EmbeddedStack(tmp_path, filer_store="leveldb2")
+    assert filer_store_line(es, "leveldb2") == ("store sqlite (SeaweedFS metadata, fixed when the data dir was "
+                                                "made); stack.filer_store: leveldb2 applies to a new data dir only")
