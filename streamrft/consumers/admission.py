@@ -47,6 +47,7 @@ class Counts:
     dead_lettered: int = 0
     groups_trained: int = 0
     replayed: int = 0  # trajectories trained again from the replay buffer (not in `trained`)
+    stale_groups: int = 0  # groups dropped whole because a trajectory of theirs was too stale
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -58,22 +59,28 @@ class Counts:
 
 def admit_trajectories(trajs, trainer_version: int, max_staleness: int | None, seen: SeenWindow,
                        counts: Counts, batch_ids: set[str] | None = None) -> list[int]:
-    """Indices of `trajs` to train on now; counts the rest as stale or duplicate.
+    """Indices of `trajs` (one group) to train on now; counts the rest as stale or duplicate.
 
+    A group is trained whole or not at all: if any of its trajectories not trained yet is too
+    stale, all of them are dropped as stale (counted in `stale` and, once, `stale_groups`). Its
+    advantages were normalised over all of its trajectories; a part of it trained alone would
+    carry a baseline made with the others (e.g. only the successes kept, every advantage > 0).
     `batch_ids`: ids already admitted into the batch being assembled; the ids admitted here are
     added to it, so a group delivered twice into one batch is trained once.
     """
-    keep = []
     batch_ids = set() if batch_ids is None else batch_ids
+    new, ids = [], set()
     for i, t in enumerate(trajs):
-        if t.traj_id in seen or t.traj_id in batch_ids:
-            counts.duplicate += 1
-        elif not is_fresh(trainer_version, t.model_version, max_staleness):
-            counts.stale += 1
-        else:
-            keep.append(i)
-            batch_ids.add(t.traj_id)
-    return keep
+        if t.traj_id not in seen and t.traj_id not in batch_ids and t.traj_id not in ids:
+            new.append(i)
+            ids.add(t.traj_id)
+    counts.duplicate += len(trajs) - len(new)
+    if any(not is_fresh(trainer_version, trajs[i].model_version, max_staleness) for i in new):
+        counts.stale += len(new)
+        counts.stale_groups += 1
+        return []
+    batch_ids.update(ids)
+    return new
 
 
 def oldest_head(partitions: list[Hashable], version_of: Callable[[int], int]) -> int:

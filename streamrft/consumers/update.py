@@ -24,7 +24,10 @@ import torch
 from streamrft.config import RunConfig
 from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
 from streamrft.consumers.sft_mix import sft_loss
+from streamrft.engine.algorithms.offpolicy import OffPolicyStats, staleness_shares
 from streamrft.engine.precision import usable_autocast
+
+CLIPPED_LOSSES = ("ppo", "decoupled_ppo")  # losses whose clip_low / clip_high are token ratio bounds
 
 
 class Objective:
@@ -54,6 +57,11 @@ class Objective:
         self.norm_len = ex.sampling.max_new_tokens
         if ex.workflow_import_path or ex.workflow == "multi_turn":
             self.norm_len = min(ex.max_turns * ex.sampling.max_new_tokens, ex.max_total_tokens)
+
+    def offpolicy_stats(self) -> OffPolicyStats:
+        """A step's off-policy diagnostics, with this loss's clip bounds (PPO's 0.2 for other losses)."""
+        p = self.loss_params if self.loss_name in CLIPPED_LOSSES else {}
+        return OffPolicyStats(p.get("clip_low", 0.2), p.get("clip_high", 0.2), p.get("clip_c"))
 
     def __call__(self, logp, batch: Batch, ref_logp, entropy, global_tokens, global_seqs, prox=None):
         from streamrft.engine.algorithms import policy_objective
@@ -131,6 +139,7 @@ class UpdateLoop:
         pad = padding_row(batch) if self.world > 1 else None
         order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)  # the same on every rank
         self.update_metrics = []
+        self._offpolicy = self.objective.offpolicy_stats()  # over every update of this step (`_update`)
         for _ in range(self.tc.ppo_epochs):
             rows = torch.randperm(len(batch), generator=order).tolist() if self.tc.mini_batches > 1 \
                 else list(range(len(batch)))
@@ -159,7 +168,8 @@ class UpdateLoop:
         staleness = [self.state.version - t.model_version for t, _, _ in samples]
         metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
                        staleness_max=float(max(staleness)), samples=float(len(batch)),
-                       response_len=float(batch.mask.sum() / len(batch)))
+                       response_len=float(batch.mask.sum() / len(batch)),
+                       **staleness_shares(staleness), **self._offpolicy.result())
         return metrics
 
     def _logprobs(self, batch: Batch, temperature: float, autocast, device) -> torch.Tensor:
@@ -205,6 +215,7 @@ class UpdateLoop:
             # prox spans `batch`'s columns; select() cut this part to its longest row
             part_prox = None if prox is None else prox[[rows[i] for i in part_rows], :part.mask.shape[1]].to(device)
             loss, m = self.objective(logp, part, ref, entropy, tokens, seqs, prox=part_prox)
+            self._offpolicy.add(logp, part.old_logprobs, part.advantages, part.mask)
             if self._sft_step is not None:  # CHORD: (1 - mu) * RL loss + mu * SFT loss
                 loss = (1 - self._sft_step[1]) * loss
             self.engine.backward(loss)

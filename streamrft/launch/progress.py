@@ -21,6 +21,18 @@ def stale_pct(trained: int, stale: int) -> float:
     return 100.0 * stale / (trained + stale) if trained + stale else 0.0
 
 
+def off_policy_part(t: dict[str, float]) -> str:
+    """The profile's off-policy figures from the trainer's last step (`engine/algorithms/offpolicy.py`):
+    its staleness mix, the importance weight (mean, max, effective sample size), the clipped shares
+    of positive- and negative-advantage tokens and of first turns, and the groups dropped stale
+    (run total; a group is dropped whole)."""
+    pct = lambda k: f"{100 * t[k]:.0f}%" if k in t else "-"  # noqa: E731
+    return (f"off-policy stale 0/1/2+ {pct('staleness_0')}/{pct('staleness_1')}/{pct('staleness_2p')} "
+            f"iw {t['iw_mean']:.2f} max {t.get('iw_max', float('nan')):.1f} ess {t.get('iw_ess', float('nan')):.2f} "
+            f"clip +{pct('clip_frac_pos')} -{pct('clip_frac_neg')} turn0 {pct('clip_frac_turn0')} "
+            f"neg>c {pct('neg_iw_over_c')} groups dropped stale {int(t.get('count_stale_groups', 0))}")
+
+
 @dataclass
 class RunView:
     t0: float = field(default_factory=time.time)  # wall clock; metrics are placed by their created_at
@@ -70,6 +82,8 @@ class RunView:
         if "wait_s" in t:
             parts.append(f"trainer wait {t['wait_s']:.2f}s step {t.get('step_s', float('nan')):.2f}s"
                          + (f" loop latency {t['loop_latency_s']:.1f}s" if "loop_latency_s" in t else ""))
+        if "iw_mean" in t:
+            parts.append(off_policy_part(t))
         return "profile: " + (" | ".join(parts) if parts else "-")
 
     def _stale_pct(self) -> float:

@@ -78,9 +78,10 @@ def headroom(engine_version: int, latest_version: int, max_staleness: int, per_v
 
     engine_version: weights loaded in the deciding explorer's engine; latest_version: the newest
     announced; generated: groups all explorers generated or are generating; dropped: generated
-    groups that will never be trained; oldest_in_flight: the oldest weights another explorer is
-    generating with now. Those groups will reach the trainer after the ones started now, so the
-    bound is theirs: a group started earlier keeps its place when later ones overtake it.
+    groups that will never be trained; oldest_in_flight: the oldest weights any group open now is
+    being generated with (another explorer's, or the deciding process's own: `AdmissionLog._decide`).
+    Those groups will reach the trainer after the ones started now, so the bound is theirs: a group
+    started earlier keeps its place when later ones overtake it.
     """
     if latest_version - engine_version > max_staleness:
         return 0  # already too stale before generating: load the newer weights first

@@ -156,6 +156,9 @@ class AdmissionLog:
         with self._lock:
             batch, self._waiting = self._waiting, []
             before = self.in_flight
+            # this process's own oldest open group counts as another's would (`admission.headroom`):
+            # groups started now would overtake it, and it would reach the trainer stale
+            own_oldest = min(self._open, default=None)
             for t in batch:
                 self._open[t.version] = self._open.get(t.version, 0) + 1
             self._set_in_flight()
@@ -166,7 +169,10 @@ class AdmissionLog:
             try:
                 if offset and self._read.wait_for(lambda: offset[0] in self._before or self.failed is not None,
                                                   timeout):
-                    granted = max(0, min(len(batch), room(*self._before.pop(offset[0])) - before))
+                    generated, dropped, oldest = self._before.pop(offset[0])
+                    if own_oldest is not None:
+                        oldest = own_oldest if oldest is None else min(oldest, own_oldest)
+                    granted = max(0, min(len(batch), room(generated, dropped, oldest) - before))
             finally:  # whatever happened, every request of the batch is decided and what was refused released
                 self._settle(batch, granted)
 

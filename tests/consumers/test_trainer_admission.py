@@ -18,10 +18,23 @@ def test_admit_drops_duplicates_and_stale_and_counts_them():
     seen = SeenWindow()
     seen.add("a", 4)
     counts = Counts()
-    trajs = [_t("a", 4), _t("b", 4), _t("b", 4), _t("c", 1), _t("d", 5)]
+    trajs = [_t("a", 4), _t("b", 4), _t("b", 4), _t("d", 5)]
     keep = admit_trajectories(trajs, trainer_version=5, max_staleness=2, seen=seen, counts=counts)
-    assert keep == [1, 4]
-    assert (counts.duplicate, counts.stale) == (2, 1)
+    assert keep == [1, 3]
+    assert (counts.duplicate, counts.stale, counts.stale_groups) == (2, 0, 0)
+
+
+def test_a_group_with_one_stale_trajectory_is_dropped_whole():
+    # an episode of the group started on v1 (weights swapped while the others ran): at v5 with
+    # max_staleness 2 it is stale, and the group's advantages were normalised over all four
+    seen, counts, batch = SeenWindow(), Counts(), set()
+    seen.add("a", 4)
+    trajs = [_t("a", 4), _t("b", 4), _t("c", 1), _t("d", 5)]
+    assert admit_trajectories(trajs, trainer_version=5, max_staleness=2, seen=seen, counts=counts,
+                              batch_ids=batch) == []
+    assert (counts.duplicate, counts.stale, counts.stale_groups) == (1, 3, 1)
+    assert batch == set()  # nothing of it joined the batch
+    assert admit_trajectories(trajs[:2] + trajs[3:], 5, 2, seen, counts, batch) == [1, 2]  # fresh ones alone
 
 
 def test_window_forgets_only_ids_that_would_be_stale_anyway():

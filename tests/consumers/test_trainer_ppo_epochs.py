@@ -51,6 +51,7 @@ def test_two_epochs_of_two_mini_batches_clip_against_the_batch_start_policy(stac
     trainer.objective = recording
     trainer.objective.loss_name, trainer.objective.entropy_coef, trainer.objective.kl_fn = \
         objective.loss_name, objective.entropy_coef, objective.kl_fn
+    trainer.objective.offpolicy_stats = objective.offpolicy_stats
     metrics = trainer.train_step(samples)
 
     trainer.consumer.close()

@@ -25,3 +25,12 @@ def test_the_line_counts_trajectories_from_explorers_and_the_gateway():
                  "gw:lab": {"trajectories": 2.0, "episodes_finished": 2.0}}
     assert v.trajectories == 50
     assert "trajectories 50 " in v.line() and "gateway: episodes 10 open 3 expired 0 429 2" in v.line()
+
+
+def test_the_profile_shows_how_off_policy_the_last_batch_was():
+    v = RunView()
+    v.trainer = {"wait_s": 0.5, "step_s": 0.2, "staleness_0": 0.25, "staleness_1": 0.75, "staleness_2p": 0.0,
+                 "iw_mean": 1.04, "iw_max": 3.6, "iw_ess": 0.91, "clip_frac_pos": 0.02, "clip_frac_neg": 0.05,
+                 "clip_frac_turn0": 0.1, "neg_iw_over_c": 0.004, "count_stale_groups": 3}
+    assert v.profile().endswith("| off-policy stale 0/1/2+ 25%/75%/0% iw 1.04 max 3.6 ess 0.91 clip +2% -5% "
+                                "turn0 10% neg>c 0% groups dropped stale 3")

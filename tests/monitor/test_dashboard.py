@@ -126,6 +126,10 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         masked = chrome.find_elements("css selector", ".traj .turn.masked")
         trained = chrome.find_elements("css selector", ".traj .turn.trained")
         assert masked and trained and any(m.text.strip() for m in masked)
+        # the trainer's off-policy figures, one point a step (importance weight, clip shares, staleness)
+        off = chrome.execute_script("const c = window.dashboardCharts['c-offpolicy'];"
+                                    "return c ? c.data.datasets.map(d => [d.label, d.data.length]) : null")
+        assert off and dict(off)["iw_mean"] >= 1 and dict(off)["iw_ess"] >= 1, off
         lag = chrome.execute_script("return window.dashboardCharts['c-lag'].data.labels")
         assert any(label.startswith("trainer") and label.endswith("experiences") for label in lag), lag
         # live, without a reload: a record produced now reaches the open page through the event stream

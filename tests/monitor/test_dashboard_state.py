@@ -112,3 +112,14 @@ def test_run_state_summary_folds_records_in_any_order():
     assert out["dead_reasons"] == {"DecodeError: bad": 1} and out["teams"]["a"]["dead_letters"] == 1
     assert out["dead_letters"][0]["source_offset"] == 9 and out["dead_letters"][0]["bytes"] == 2
     assert out["teams"]["a"]["trained_tokens"] == 3 and out["teams"]["a"]["masked_tokens"] == 2
+
+
+def test_off_policy_series_takes_the_trainer_metrics_that_carry_it():
+    s = RunState("ns")
+    with s.lock:
+        s.on_metric(Metric(role="trainer", role_id="t", step=1, values={"reward_mean": 0.5}, created_at=10.0))
+        s.on_metric(Metric(role="trainer", role_id="t", step=2, values={"reward_mean": 0.5, "iw_mean": 1.25,
+                                                                         "clip_frac_neg": 0.5}, created_at=11.0))
+    out = s.summary()["off_policy"]
+    assert out["names"][0] == "iw_mean" and out["names"][4] == "clip_frac_neg"
+    assert out["points"] == [(11.0, 2, 1.25, None, None, None, 0.5, None, None, None)]

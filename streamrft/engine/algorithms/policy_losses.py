@@ -9,6 +9,8 @@ function with this signature and naming it in `POLICY_LOSSES` (or via `import_pa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .aggregation import Count, aggregate, masked_mean
@@ -49,6 +51,19 @@ def _clipped_surrogate(
     return loss, metrics
 
 
+def _band_mask(log_w: torch.Tensor, mask: torch.Tensor, band: float | None, name: str,
+               metrics: dict[str, float]) -> torch.Tensor:
+    """1 where the weight exp(log_w) is inside [1/band, band], else 0 (None: 1 everywhere); the masked
+    share of scored tokens goes to `metrics[name]`."""
+    if band is None:
+        return torch.ones_like(log_w)
+    if not band > 1:
+        raise ValueError(f"algorithm.policy_loss.params.{name.removesuffix('_frac')}={band}: must be > 1")
+    inside = (log_w.abs() <= math.log(band)).to(log_w.dtype)
+    metrics[name] = masked_mean(1 - inside, mask)
+    return inside
+
+
 def ppo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -58,20 +73,29 @@ def ppo(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_c: float | None = None,
+    iw_band: float | None = None,
     agg_mode: str = "token-mean",
     global_tokens: Count = None,
     global_seqs: Count = None,
     norm_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate with asymmetric bounds (clip-higher, DAPO) and optional dual clip.
+    """PPO clipped surrogate with asymmetric bounds (clip-higher, DAPO), optional dual clip and
+    optional masking of tokens whose ratio leaves a band.
 
-    ratio = exp(logprobs - old_logprobs), log-ratio clamped to +-20. `clip_c` (> 1; verl uses
-    3.0) caps the loss of negative-advantage tokens at -A * clip_c; None disables it.
-    Metrics: clip_frac, clip_frac_lower (with clip_c), ratio_mean, approx_kl (mean old - new).
+    ratio = exp(logprobs - old_logprobs), log-ratio clamped to +-20. The clip bounds the gradient
+    of a positive-advantage token above 1 + clip_high and of a negative one below 1 - clip_low, but
+    leaves a negative-advantage token's ratio unbounded above: on stale data (old = the behaviour
+    policy) that is where one token can dominate a step. `clip_c` (> 1; verl uses 3.0) caps the
+    loss of negative-advantage tokens at -A * clip_c; None disables it. `iw_band` (> 1) drops
+    tokens whose ratio is outside [1/iw_band, iw_band] from the loss (they still count in its
+    denominator, as AReaL's behaviour-weight cap and ICE-POP do); None keeps every token.
+    Metrics: clip_frac, clip_frac_lower (with clip_c), iw_band_frac (with iw_band), ratio_mean,
+    approx_kl (mean old - new).
     """
     adv = _token_advantages(advantages, logprobs)
     log_ratio = torch.clamp(logprobs - old_logprobs.detach(), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     loss_mat, metrics = _clipped_surrogate(log_ratio, adv, mask, clip_low, clip_high, clip_c)
+    loss_mat = loss_mat * _band_mask(log_ratio.detach(), mask, iw_band, "iw_band_frac", metrics)
     metrics["approx_kl"] = masked_mean(-log_ratio, mask)
     loss = aggregate(loss_mat, mask, agg_mode, global_tokens, global_seqs, norm_len)
     return loss, metrics
@@ -85,6 +109,8 @@ def decoupled_ppo(
     *,
     prox_logprobs: torch.Tensor | None = None,
     tis_cap: float = 2.0,
+    tis_mode: str = "truncate",
+    tis_floor: float | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_c: float | None = None,
@@ -98,20 +124,35 @@ def decoupled_ppo(
     `old_logprobs` are the BEHAVIOUR policy's (the explorer's, from the trajectory);
     `prox_logprobs` `[B, T]` the proximal policy's (the trainer's weights before this step,
     recomputed); None means prox = behaviour, which reduces this to PPO. The PPO term is
-    clipped against prox and multiplied by w = min(exp(prox - behav), tis_cap), detached.
-    Departs from AReaL, which drops tokens whose weight exceeds the cap instead of
-    truncating it. Metrics: ppo's plus tis_weight_mean and tis_trunc_frac.
+    clipped against prox and multiplied by the behaviour weight w = exp(prox - behav), detached
+    and bounded: `tis_mode` "truncate" uses min(w, tis_cap) (truncated IS); "mask" drops the
+    tokens whose w exceeds tis_cap (AReaL's `behave_imp_weight_cap`). `tis_floor` (< 1) also
+    drops the tokens whose w is below it (ICE-POP's band); None keeps them. Dropped tokens still
+    count in the loss's denominator. Metrics: ppo's plus tis_weight_mean (of the weights applied)
+    and tis_trunc_frac (tokens truncated or dropped above the cap; below the floor too).
     """
+    if tis_mode not in ("truncate", "mask"):
+        raise ValueError(f"algorithm.policy_loss.params.tis_mode={tis_mode!r}: must be one of ['mask', 'truncate']")
+    if tis_floor is not None and not 0 <= tis_floor < 1:
+        raise ValueError(f"algorithm.policy_loss.params.tis_floor={tis_floor}: must be in [0, 1)")
     prox = (old_logprobs if prox_logprobs is None else prox_logprobs).detach()
     adv = _token_advantages(advantages, logprobs)
     log_ratio = torch.clamp(logprobs - prox, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     loss_mat, metrics = _clipped_surrogate(log_ratio, adv, mask, clip_low, clip_high, clip_c)
     behav_log_w = torch.clamp(prox - old_logprobs, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     raw_weight = torch.exp(behav_log_w).detach()
-    weight = torch.clamp(raw_weight, max=tis_cap)
+    out_of_band = raw_weight > tis_cap
+    if tis_floor is not None:
+        out_of_band = out_of_band | (raw_weight < tis_floor)
+    if tis_mode == "mask":
+        weight = torch.where(out_of_band, torch.zeros_like(raw_weight), raw_weight)
+    else:
+        weight = torch.clamp(raw_weight, max=tis_cap)
+        if tis_floor is not None:
+            weight = torch.where(raw_weight < tis_floor, torch.zeros_like(weight), weight)
     metrics["approx_kl"] = masked_mean(-log_ratio, mask)
     metrics["tis_weight_mean"] = masked_mean(weight, mask)
-    metrics["tis_trunc_frac"] = masked_mean((raw_weight > tis_cap).to(weight.dtype), mask)
+    metrics["tis_trunc_frac"] = masked_mean(out_of_band.to(weight.dtype), mask)
     loss = aggregate(weight * loss_mat, mask, agg_mode, global_tokens, global_seqs, norm_len)
     return loss, metrics
 

@@ -20,6 +20,9 @@ GROUPS_MAX = 300  # recent experience groups kept for the trajectory viewer
 DEAD_MAX = 200  # recent dead letters kept for the viewer
 STALENESS_MAX = 20000  # recent (scored_at, model_version) pairs the histogram is made of
 TRAINER_TIMINGS = ("wait_s", "step_s", "publish_s", "loop_latency_s")
+# how off-policy each batch was (`engine/algorithms/offpolicy.py`)
+OFF_POLICY = ("iw_mean", "iw_max", "iw_ess", "clip_frac_pos", "clip_frac_neg", "neg_iw_over_c", "clip_frac_turn0",
+              "staleness_mean")
 
 
 def consumer_lag(seen: dict[tuple[str, int], int], committed: dict[str, dict[tuple[str, int], int]]
@@ -111,6 +114,7 @@ class RunState:
         self.train = deque(maxlen=SERIES_MAX)  # (t, step, version, reward_mean, staleness_mean)
         self.evals = deque(maxlen=SERIES_MAX)  # (t, version, eval_reward)
         self.trainer_timings = deque(maxlen=SERIES_MAX)  # (t, step, wait, step, publish, loop latency)
+        self.off_policy = deque(maxlen=SERIES_MAX)  # (t, step, *OFF_POLICY)
         self.trainer_last: dict[str, float] = {}
         self.explorers: dict[str, dict[str, float]] = {}
         self.loaded: dict[str, deque] = {}  # explorer id -> (t, version its engine had)
@@ -146,6 +150,8 @@ class RunState:
             if "reward_mean" in v:
                 self.train.append((t, m.step, v.get("version", 0.0), v["reward_mean"], v.get("staleness_mean")))
             self.trainer_timings.append((t, m.step, *(v.get(k) for k in TRAINER_TIMINGS)))
+            if "iw_mean" in v:
+                self.off_policy.append((t, m.step, *(v.get(k) for k in OFF_POLICY)))
         elif m.role == "eval" and "eval_reward" in v:
             self.evals.append((t, int(v.get("version", m.step)), v["eval_reward"]))
         elif m.role == "explorer":
@@ -202,6 +208,7 @@ class RunState:
                 "namespace": self.namespace, "revision": self.revision, "t0": self.t0,
                 "train": list(self.train), "evals": list(self.evals),
                 "trainer_timings": {"names": list(TRAINER_TIMINGS), "points": list(self.trainer_timings)},
+                "off_policy": {"names": list(OFF_POLICY), "points": list(self.off_policy)},
                 "trainer": self.trainer_last,
                 "staleness": staleness,
                 "published": list(self.published),

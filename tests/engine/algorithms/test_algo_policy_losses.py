@@ -182,3 +182,49 @@ def test_sft_is_masked_nll():
 def test_unknown_param_is_an_error():
     with pytest.raises(TypeError):
         ppo(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), clip_ratio=0.2)
+
+
+def test_ppo_iw_band_drops_tokens_whose_ratio_leaves_it():
+    # ratios 1.5, 0.2, 5, 1 ; A = 1, 1, -1, -1 ; clip 0.2 ; band 4: [0.25, 4]
+    # tok0: max(-1.5, -1.2) = -1.2 (clipped, no grad)   tok1: 0.2 < 0.25, dropped
+    # tok2: 5 > 4 (the stale negative token the clip leaves unbounded), dropped   tok3: 1.0, grad -A r / 4 = 0.25
+    # token mean over all 4 (dropped tokens stay in the denominator): (-1.2 + 1.0) / 4 = -0.05
+    logp = leaf([[0.0, 0.0, 0.0, 0.0]])
+    old = -torch.log(t([[1.5, 0.2, 5.0, 1.0]]))
+    adv = t([[1.0, 1.0, -1.0, -1.0]])
+    loss, metrics = ppo(logp, old, adv, torch.ones(1, 4), iw_band=4.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.05)
+    assert torch.allclose(logp.grad, t([[0.0, 0.0, 0.0, 0.25]]))
+    assert metrics["iw_band_frac"] == pytest.approx(0.5)
+    # without the band the stale negative token alone outweighs the rest: (-1.2 - 0.2 + 5 + 1) / 4
+    loss, metrics = ppo(leaf([[0.0, 0.0, 0.0, 0.0]]), old, adv, torch.ones(1, 4))
+    assert loss.item() == pytest.approx(1.15) and "iw_band_frac" not in metrics
+    with pytest.raises(ValueError, match=r"params.iw_band=1.0: must be > 1"):
+        ppo(logp, old, adv, torch.ones(1, 4), iw_band=1.0)
+
+
+def test_decoupled_ppo_mask_mode_and_floor_hand_values():
+    # behaviour -1 ; prox = behaviour + ln 1.5, ln 3, ln 0.25 -> w = 1.5, 3, 0.25 ; current = prox (ratio 1)
+    # A = 1, -1, 1 -> PPO terms -1, +1, -1 ; cap 2, floor 0.5: 3 and 0.25 leave the band
+    behav = t([[-1.0, -1.0, -1.0]])
+    prox = behav + torch.log(t([[1.5, 3.0, 0.25]]))
+    adv, mask = t([[1.0, -1.0, 1.0]]), torch.ones(1, 3)
+    # mask (AReaL): weights 1.5, 0, 0 -> loss -1.5 / 3 = -0.5, grad -A w / 3 = -0.5, 0, 0
+    logp = prox.clone().requires_grad_()
+    loss, metrics = decoupled_ppo(logp, behav, adv, mask, prox_logprobs=prox, tis_cap=2.0, tis_mode="mask",
+                                  tis_floor=0.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.5)
+    assert torch.allclose(logp.grad, t([[-0.5, 0.0, 0.0]]))
+    assert metrics["tis_weight_mean"] == pytest.approx(0.5) and metrics["tis_trunc_frac"] == pytest.approx(2 / 3)
+    # truncate: weights 1.5, 2 (capped), 0 (under the floor) -> (-1.5 + 2) / 3, grad -0.5, 2/3, 0
+    logp = prox.clone().requires_grad_()
+    loss, metrics = decoupled_ppo(logp, behav, adv, mask, prox_logprobs=prox, tis_cap=2.0, tis_floor=0.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.5 / 3)
+    assert torch.allclose(logp.grad, t([[-0.5, 2 / 3, 0.0]]))
+    with pytest.raises(ValueError, match=r"tis_mode='drop': must be one of \['mask', 'truncate'\]"):
+        decoupled_ppo(logp, behav, adv, mask, tis_mode="drop")
+    with pytest.raises(ValueError, match=r"tis_floor=1.5: must be in \[0, 1\)"):
+        decoupled_ppo(logp, behav, adv, mask, tis_floor=1.5)

@@ -63,6 +63,10 @@ function draw(s) {
   lines("c-trainer", "step", names.map((n, i) => ({ label: n,
     points: tt.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
 
+  const op = s.off_policy;
+  lines("c-offpolicy", "step", op.names.map((n, i) => ({ label: n,
+    points: op.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
+
   const ex = Object.keys(s.explorer_stages);
   const stages = [...new Set(ex.flatMap((e) => Object.keys(s.explorer_stages[e])))];
   bars("c-stages", ex, stages.map((st) => ({ label: st, values: ex.map((e) => s.explorer_stages[e][st] || 0) })),
