@@ -82,6 +82,7 @@ def run_variant(name: str, overrides: list[str], a, prepared, work: Path) -> dic
            f"stack.data_dir={work / name / 'stack'}", f"stack.kafka_port={ports['kafka_port']}",
            f"stack.s3_port={ports['s3_port']}", f"stack.weed_port_base={ports['weed_port_base']}",
            f"max_wall_s={int(a.minutes * 60)}", "trainer.max_steps=100000", f"eval.every_versions={a.eval_every}",
+           "eval.schedule=fixed",  # every k-th version in order: variants compared at the same versions
            *overrides]
     print(f"\n== {name}: streamrft run {CONFIG.name} " + " ".join(cmd[5:]), flush=True)
     t_roles, out_dir, final, profile = None, None, {}, ""

@@ -57,6 +57,15 @@ class EvalConfig(Section):
     (`streamrft evaluate`; it skips versions rather than fall behind, and never pauses an explorer),
     or `explorer`, the explorer holding slot 0, between its generations (no engine of its own: for
     a GPU with no room for one). `gateway.evaluate` has the gateway evaluate instead (no evaluator)."""
+    schedule: Literal["when_free", "fixed"] = "when_free"
+    """How the evaluator role picks versions. `when_free`: the newest version, once it is
+    `every_versions` past the last one evaluated (a slow eval skips versions, never falls behind).
+    `fixed`: every version divisible by `every_versions`, in order, none skipped (a slow eval falls
+    behind; when the run ends it evaluates what is queued for up to `drain_s`): two runs, say
+    asynchronous and synchronous, are then compared at the same versions."""
+    drain_s: float = Field(15.0, ge=0, le=600, **_FINITE)
+    """`schedule: fixed`: how long the evaluator goes on with queued versions once told to stop
+    (`streamrft run` waits 20 s for its roles, then kills them)."""
     nice: int = Field(10, ge=0, le=19)
     """The evaluator role's CPU niceness (`os.nice`, 0 = as every role): on shared cores its evals
     take the cycles the loop leaves, so they never slow the explorers or the trainer; a starved

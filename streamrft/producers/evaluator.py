@@ -4,7 +4,9 @@ Run with `streamrft evaluate CONFIG`; `streamrft run` starts one (`eval.runner: 
 default). It follows the weights topic as an explorer does (`WeightsWatcher`: fetch, verify, delta
 chains), loads each version it takes into a rollout engine of its own and plays the eval tasks
 greedily (`evaluate.evaluate_run`) whenever the version it holds is at least `eval.every_versions`
-past the last one it evaluated: a slow eval skips versions, it never falls behind. Each result is an
+past the last one it evaluated: a slow eval skips versions, it never falls behind. With
+`eval.schedule: fixed` it evaluates every version divisible by `eval.every_versions` instead, in
+order (the watcher queues them), and on a stop goes on with the queue for `eval.drain_s`. Each result is an
 `eval_reward` metric of role `eval`. The role runs at niceness `eval.nice`: on shared cores the
 loop's roles get the cycles first. `eval.runner: explorer` evaluates inline in the explorer that
 holds slot 0 instead (no engine of its own: a GPU with no room for one), pausing its generation.
@@ -50,8 +52,10 @@ class Evaluator:
         self.engine = engine_from_config(cfg)
         self.tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
         self.producer = make_producer(cfg.kafka)
+        self.fixed = cfg.eval.schedule == "fixed"
         self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, WeightStore(cfg.s3), cfg.model.name, cfg.weights_key,
-                                      Path(cfg.output_dir) / "cache" / self.id)
+                                      Path(cfg.output_dir) / "cache" / self.id,
+                                      every=cfg.eval.every_versions if self.fixed else None)
         self.stats = {"evals": 0, "load_s": 0.0, "eval_s": 0.0}
         self.scores: dict[int, float] = {}
         self.prom = role_metrics(cfg.monitor.prometheus, "evaluator")
@@ -65,7 +69,8 @@ class Evaluator:
         self.stats["evals"] += 1
         self.scores[v] = score
         m = Metric.of_finite("eval", self.id, v, {"eval_reward": score, "version": v, **self.stats,
-                                                  "fetch_s": self.watcher.fetch_s})
+                                                  "fetch_s": self.watcher.fetch_s, "queued": self.watcher.queued,
+                                                  "skipped": self.watcher.skipped})
         self.prom.observe(m)
         self.producer.produce(topic_name(self.cfg.namespace, "metrics"), key=self.id.encode(), value=encode(m))
         flush_or_raise(self.producer)
@@ -77,12 +82,17 @@ class Evaluator:
         self.watcher.start()
         try:
             while not self.stop.is_set():
-                self.stats["load_s"] += self.watcher.swap_into(self.engine) or 0.0
-                if due(self.engine.version, last, self.cfg.eval.every_versions):
+                loaded = self.watcher.swap_into(self.engine)
+                self.stats["load_s"] += loaded or 0.0
+                if (loaded is not None) if self.fixed else due(self.engine.version, last, self.cfg.eval.every_versions):
                     last = self.engine.version
                     self.evaluate()
                 else:
                     self.stop.wait(0.2)
+            deadline = time.monotonic() + self.cfg.eval.drain_s
+            while self.fixed and self.watcher.has_ready and time.monotonic() < deadline:  # the queue, in order
+                self.stats["load_s"] += self.watcher.swap_into(self.engine) or 0.0
+                self.evaluate()
         finally:
             self.watcher.stop()
             try:

@@ -1,6 +1,7 @@
 """The evaluator role on the real stack: it follows the weights topic, evaluates the version it holds
 once it is `eval.every_versions` past the last one evaluated (skipping versions rather than queueing
-them), and its score is the eval of exactly those weights."""
+them), or with `eval.schedule: fixed` every k-th version in order; its score is the eval of exactly
+those weights."""
 from __future__ import annotations
 
 import os
@@ -42,17 +43,18 @@ def test_runs_evaluator_follows_the_config(tmp_path, stack):
     assert not runs_evaluator(load_config("examples/cpu_demo.yaml", [*stack_overrides(stack, tmp_path), "data.eval=null"]))
 
 
-def test_evaluator_scores_the_weights_it_holds(tmp_path, stack, namespace):
+def _kit(tmp_path, stack, namespace, *overrides):
+    """A prepared CPU demo config and `announce(v)`: version v's weights (noise on every tensor, so
+    each has its own greedy eval) published to S3 and announced; also the states and the store."""
     cfg = load_config("examples/cpu_demo.yaml", [
         *stack_overrides(stack, tmp_path), f"namespace={namespace}", "stages=[]", "eval.every_versions=3",
-        "eval.max_tasks=10", "data.synthetic={task: reverse, train_size: 20, eval_size: 10, seed: 0}"])
+        "eval.max_tasks=10", "data.synthetic={task: reverse, train_size: 20, eval_size: 10, seed: 0}", *overrides])
     cfg = prepare(cfg)
     ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace))
     model, _ = load_policy(cfg.model.path)
     base = {k: t.detach().clone() for k, t in model.state_dict().items()}
     gen = torch.Generator().manual_seed(1)
-    # each version's weights differ (noise on every tensor), so each has its own greedy eval
-    states = {v: {k: t + 0.5 * v * torch.randn(t.shape, generator=gen) for k, t in base.items()} for v in (1, 2, 3, 4, 5, 7)}
+    states = {v: {k: t + 0.5 * v * torch.randn(t.shape, generator=gen) for k, t in base.items()} for v in range(1, 8)}
     if model.config.tie_word_embeddings:  # one tensor under two names: keep them one
         for state in states.values():
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
@@ -67,6 +69,20 @@ def test_evaluator_scores_the_weights_it_holds(tmp_path, stack, namespace):
         producer.produce(topic_name(cfg.namespace, "weights"), key=cfg.model.name.encode(), value=encode(wv))
         flush_or_raise(producer)
 
+    return cfg, states, store, announce
+
+
+def _scores_are_of_those_weights(cfg, states, scores: dict[int, float]) -> None:
+    """Each score is the eval of that very version's weights, played here in an engine of our own."""
+    engine = engine_from_config(cfg)
+    tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
+    for v, score in scores.items():
+        engine.load_weights(states[v], v)
+        assert score == pytest.approx(evaluate_run(engine, tasks, cfg), abs=1e-9)
+
+
+def test_evaluator_scores_the_weights_it_holds(tmp_path, stack, namespace):
+    cfg, states, _, announce = _kit(tmp_path, stack, namespace)
     stop = threading.Event()
     ev = Evaluator(cfg, stop)
     result = {}
@@ -88,13 +104,48 @@ def test_evaluator_scores_the_weights_it_holds(tmp_path, stack, namespace):
         thread.join(timeout=30)
     assert not thread.is_alive()
     assert sorted(ev.scores) == [3, 7]  # 1, 2, 4, 5: fewer than 3 versions past the last evaluated
-    # the scores are the eval of those very weights, played here in an engine of our own
-    engine = engine_from_config(cfg)
-    tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-    for v in (3, 7):
-        engine.load_weights(states[v], v)
-        assert ev.scores[v] == pytest.approx(evaluate_run(engine, tasks, cfg), abs=1e-9)
+    _scores_are_of_those_weights(cfg, states, ev.scores)
     assert result["evals"] == 2
+
+
+def test_a_fixed_schedule_evaluates_every_kth_version_in_order_however_late(tmp_path, stack, namespace):
+    """`eval.schedule: fixed`: versions 1-7 are all announced before the evaluator starts (as a slow
+    one finds them); it evaluates 2, 4 and 6 in that order, where `when_free` takes the newest alone.
+    v4 was garbage-collected from the store before it was fetched: skipped and counted."""
+    cfg, states, store, announce = _kit(tmp_path, stack, namespace, "eval.schedule=fixed", "eval.every_versions=2")
+    for v in range(1, 8):
+        announce(v)
+    store.delete_version(cfg.weights_key, 4)
+    stop = threading.Event()
+    ev = Evaluator(cfg, stop)
+    order = []
+    evaluate = ev.evaluate
+    ev.evaluate = lambda: (order.append(ev.engine.version), evaluate())[1]
+    thread = threading.Thread(target=ev.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: 6 in ev.scores, 120, "v6 evaluated")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert order == [2, 6] and ev.watcher.skipped == 1
+    _scores_are_of_those_weights(cfg, states, ev.scores)
+
+
+def test_a_fixed_schedule_drains_its_queue_when_stopped(tmp_path, stack, namespace):
+    cfg, _, _, announce = _kit(tmp_path, stack, namespace, "eval.schedule=fixed", "eval.every_versions=1")
+    stop = threading.Event()
+    ev = Evaluator(cfg, stop)
+    ev.watcher.start()
+    for v in (1, 2, 3):
+        announce(v)
+    wait_for(lambda: ev.watcher.queued == 3, 60, "three versions queued")
+    ev.watcher.stop()
+    ev.watcher.start = lambda: ev.watcher  # run() starts it; it has done its part
+    stop.set()  # told to stop before it evaluated anything: the queue is evaluated first, in order
+    ev.run()
+    assert list(ev.scores) == [1, 2, 3]
 
 
 def test_the_evaluator_role_runs_niced(tmp_path, stack, namespace):
