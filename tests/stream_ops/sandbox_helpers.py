@@ -43,11 +43,23 @@ def descendants() -> list[tuple[int, str]]:
     return sorted(out)
 
 
+_FOREIGN: set[int] = set()
+"""Processes seen alive, not below this one, owning run tmpfs: another pytest-xdist worker's. One of
+them may die (killed by its own test) between a test's two looks, leaving its tmpfs behind; that
+is its leftover, not this test's (CI 2026-12-05 and 2026-12-06: four of a dead pid's, counted here)."""
+
+
 def _ours(scratch: str, mine: set[int]) -> bool:
-    """A run tmpfs made by this process or one below it, or by a process that is gone: not one of a
-    live process elsewhere (another pytest-xdist worker's runs, which come and go meanwhile)."""
+    """A run tmpfs made by this process or one below it, or by a process that is gone and was never
+    seen alive elsewhere: not one of another live process (another pytest-xdist worker's runs,
+    which come and go meanwhile), nor of one seen so before it died."""
     m = re.match(re.escape(SCRATCH_PREFIX) + r"(\d+)-", os.path.basename(scratch))
-    return m is None or int(m[1]) in mine or not os.path.exists(f"/proc/{m[1]}")
+    if m is None or int(m[1]) in mine:
+        return True
+    if os.path.exists(f"/proc/{m[1]}"):
+        _FOREIGN.add(int(m[1]))
+        return False
+    return int(m[1]) not in _FOREIGN
 
 
 def leftovers() -> dict:
