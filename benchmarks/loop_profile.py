@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_latency import median_to_target  # noqa: E402
+from env_latency import median_to_target, run_label  # noqa: E402
 from vs_trl import ROOT  # noqa: E402
 
 from streamrft.infra.stack import free_ports  # noqa: E402
@@ -137,7 +137,7 @@ def main() -> int:
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for rep in range(a.repeats):
             for name in names:
-                label = name if a.repeats == 1 else f"{name}-{rep + 1}"
+                label = run_label(name, rep, a.repeats)
                 runs[name].append(run_variant(name, a, prepared, work, label))
                 print(f"load average after {label}: {load()}", flush=True)
         fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
@@ -145,7 +145,7 @@ def main() -> int:
         print(f"\n{'':<12}" + "".join(f"{c:>16}" for c in cols) + f"{'versions':>10}")
         for name, rs in runs.items():
             for i, r in enumerate(rs):
-                label = name if a.repeats == 1 else f"{name}-{i + 1}"
+                label = run_label(name, i, a.repeats)
                 print(f"{label:<12}" + "".join(f"{fmt(r.get(c)):>16}" for c in cols) + f"{r['versions']:>10}")
         res = {name: rs[0] if a.repeats == 1 else _medians(rs, cols) for name, rs in runs.items()}
         if a.repeats > 1:
@@ -155,7 +155,7 @@ def main() -> int:
                       + f"{r['versions']:>10}  reached {a.target} in {reached} of {a.repeats}")
         for name, rs in runs.items():
             for i, r in enumerate(rs):
-                label = name if a.repeats == 1 else f"{name}-{i + 1}"
+                label = run_label(name, i, a.repeats)
                 print(f"{label}: {r['profile']}")
                 print(f"{label} evals: " + " ".join(f"v{v}:{s:.2f}" for v, s in r["evals"]))
         for old, new in (("before", "after"), ("leveldb2", "sqlite")):

@@ -60,7 +60,7 @@ class WeightsWatcher:
         self._queue: deque[tuple[int, dict, LoraSpec | None]] = deque()  # fixed schedule: verified, in order
         self._scheduled: deque[int] = deque()  # fixed schedule: announced, not fetched yet
         self.skipped = 0  # fixed schedule: versions gone from the store before they were fetched
-        self._queued_up_to = current_version  # fixed schedule: the newest version queued
+        self._scheduled_up_to = current_version  # fixed schedule: the newest version scheduled
 
     def start(self) -> "WeightsWatcher":
         self._thread.start()
@@ -120,12 +120,11 @@ class WeightsWatcher:
                 self.latest_announced = newest
                 return newest
             return None
-        last = self._scheduled[-1] if self._scheduled else max(self._loaded_version, self._queued_up_to)
         for v in sorted(set(self._versions(msgs))):
             self.latest_announced = max(self.latest_announced, v)
-            if v > last and v % self.every == 0:
+            if v > self._scheduled_up_to and v % self.every == 0:
                 self._scheduled.append(v)
-                last = v
+                self._scheduled_up_to = v
         return None
 
     def _run(self) -> None:
@@ -167,7 +166,6 @@ class WeightsWatcher:
                     if self.every:
                         self._queue.append((wanted, dict(state), lora))
                         self._scheduled.popleft()
-                        self._queued_up_to = wanted
                     else:
                         self._ready = (wanted, dict(state), lora)
                 wanted = None

@@ -141,15 +141,12 @@ def decoupled_ppo(
     loss_mat, metrics = _clipped_surrogate(log_ratio, adv, mask, clip_low, clip_high, clip_c)
     behav_log_w = torch.clamp(prox - old_logprobs, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     raw_weight = torch.exp(behav_log_w).detach()
-    out_of_band = raw_weight > tis_cap
-    if tis_floor is not None:
-        out_of_band = out_of_band | (raw_weight < tis_floor)
-    if tis_mode == "mask":
-        weight = torch.where(out_of_band, torch.zeros_like(raw_weight), raw_weight)
-    else:
-        weight = torch.clamp(raw_weight, max=tis_cap)
-        if tis_floor is not None:
-            weight = torch.where(raw_weight < tis_floor, torch.zeros_like(weight), weight)
+    above = raw_weight > tis_cap
+    below = raw_weight < tis_floor if tis_floor is not None else torch.zeros_like(above)
+    out_of_band = above | below
+    # mask: drop every token out of the band; truncate: cap the weight, drop what is below the floor
+    weight = raw_weight if tis_mode == "mask" else torch.clamp(raw_weight, max=tis_cap)
+    weight = torch.where(out_of_band if tis_mode == "mask" else below, torch.zeros_like(weight), weight)
     metrics["approx_kl"] = masked_mean(-log_ratio, mask)
     metrics["tis_weight_mean"] = masked_mean(weight, mask)
     metrics["tis_trunc_frac"] = masked_mean(out_of_band.to(weight.dtype), mask)

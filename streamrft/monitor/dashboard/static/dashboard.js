@@ -39,6 +39,12 @@ function bars(id, labels, series, opts) {
   c.update();
 }
 
+function stepLines(id, series) {
+  // series: {names, points: [[t, step, value of names[0], value of names[1], ...]]}: a line per name
+  lines(id, "step", series.names.map((n, i) => ({ label: n,
+    points: series.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
+}
+
 const rel = (t) => +(t - t0).toFixed(1);
 const num = (v, d = 3) => (v === null || v === undefined ? "-" : (+v).toFixed(d));
 
@@ -59,13 +65,8 @@ function draw(s) {
     { label: "held-out eval", points: s.evals.map((p) => [p[1], p[2]]) }]);
   const st = Object.keys(s.staleness);
   bars("c-staleness", st, [{ label: "trajectories", values: st.map((k) => s.staleness[k]) }]);
-  const tt = s.trainer_timings, names = tt.names;
-  lines("c-trainer", "step", names.map((n, i) => ({ label: n,
-    points: tt.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
-
-  const op = s.off_policy;
-  lines("c-offpolicy", "step", op.names.map((n, i) => ({ label: n,
-    points: op.points.filter((p) => p[2 + i] !== null).map((p) => [p[1], p[2 + i]]) })));
+  stepLines("c-trainer", s.trainer_timings);
+  stepLines("c-offpolicy", s.off_policy);
 
   const ex = Object.keys(s.explorer_stages);
   const stages = [...new Set(ex.flatMap((e) => Object.keys(s.explorer_stages[e])))];
