@@ -43,23 +43,14 @@ def descendants() -> list[tuple[int, str]]:
     return sorted(out)
 
 
-_FOREIGN: set[int] = set()
-"""Processes seen alive, not below this one, owning run tmpfs: another pytest-xdist worker's. One of
-them may die (killed by its own test) between a test's two looks, leaving its tmpfs behind; that
-is its leftover, not this test's (CI 2026-12-05 and 2026-12-06: four of a dead pid's, counted here)."""
-
-
 def _ours(scratch: str, mine: set[int]) -> bool:
-    """A run tmpfs made by this process or one below it, or by a process that is gone and was never
-    seen alive elsewhere: not one of another live process (another pytest-xdist worker's runs,
-    which come and go meanwhile), nor of one seen so before it died."""
+    """A run tmpfs made by this process or a live one below it. A jail's tmpfs is mounted by the
+    process that spawns the jail, so one named after any other pid is not this test's: another
+    pytest-xdist worker's (its runs come and go meanwhile), or one a dead process left, which the
+    next spawn anywhere sweeps away (CI 2026-12-05 and 2026-12-06: four of a dead pid's, seen
+    before a test and swept during it, were counted as a difference)."""
     m = re.match(re.escape(SCRATCH_PREFIX) + r"(\d+)-", os.path.basename(scratch))
-    if m is None or int(m[1]) in mine:
-        return True
-    if os.path.exists(f"/proc/{m[1]}"):
-        _FOREIGN.add(int(m[1]))
-        return False
-    return int(m[1]) not in _FOREIGN
+    return m is None or int(m[1]) in mine
 
 
 def leftovers() -> dict:

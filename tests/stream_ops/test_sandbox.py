@@ -164,3 +164,25 @@ def test_only_a_missing_handshake_means_the_sandbox_is_unavailable(monkeypatch):
     with pytest.raises(SandboxUnavailable, match="no handshake"):
         run_tests(HONEST, TESTS, COLD)
     assert leftovers() == before
+
+
+def test_leftovers_count_only_this_process_s_run_tmpfs(tmp_path):
+    """A run tmpfs a dead process left (swept by the next spawn anywhere) or a live process's
+    elsewhere is not this test's; one named after this process is."""
+    import subprocess
+    import tempfile
+
+    from streamrft.stream_ops.sandbox.jail import SCRATCH_PREFIX
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    others = [tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{dead.pid}-"), tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}1-")]
+    try:
+        assert not set(others) & set(leftovers()["scratch"])
+        mine = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+        try:
+            assert mine in leftovers()["scratch"]
+        finally:
+            os.rmdir(mine)
+    finally:
+        for d in others:
+            os.rmdir(d)
