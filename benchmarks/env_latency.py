@@ -15,7 +15,9 @@ percentile `--p99` s), a realistic slow tool. Variants:
 - `per_episode`: `explorer.scheduling: per_episode`, up to `--in-flight` (64) episodes in flight
   per explorer, each advancing when its tool answers;
 - `synchronous`: the same with `trainer.max_staleness: 0` (on-policy: explorers wait for every
-  version, so nothing overlaps training).
+  version, so nothing overlaps training);
+- `admitted`: `per_episode` with `explorer.publish_order: admitted` (finished groups published in
+  the order they were admitted, so fast tasks do not fill the trainer's batches first).
 
 `per_episode@256` (or `synchronous@256`) is that variant with 256 episodes in flight instead of
 `--in-flight`.
@@ -69,7 +71,8 @@ def variant(name: str, a, seed: int = 0) -> list[str]:
                    f"explorer.env_threads={in_flight}"]
     return seeds + {"lockstep": [env, "explorer.scheduling=lockstep"],
                     "per_episode": per_episode,
-                    "synchronous": [*per_episode, "trainer.max_staleness=0"]}[base]
+                    "synchronous": [*per_episode, "trainer.max_staleness=0"],
+                    "admitted": [*per_episode, "explorer.publish_order=admitted"]}[base]
 
 
 def run_variant(name: str, overrides: list[str], a, prepared, work: Path) -> dict:
@@ -124,9 +127,11 @@ def _from_tensorboard(out_dir: str, t_roles: float) -> dict:
 def summarise(r: dict, target: float) -> dict:
     made, evals, st = r["made"], r["evals"], r["stages"]
     hit = next((v for v, score in evals if score >= target and v in made), None)
+    high = next((i for i, (_, score) in enumerate(evals) if score >= 0.9), None)
+    fall = None if high is None else max(max(s for _, s in evals[:i + 1]) - evals[i][1] for i in range(high, len(evals)))
     wall = st.get("wall_s", 0.0) or float("nan")
     generate = st.get("generate_s", 0.0) + st.get("load_s", 0.0) + st.get("eval_s", 0.0)
-    return {"to_target": None if hit is None else made[hit], "at": hit,
+    return {"to_target": None if hit is None else made[hit], "at": hit, "fall": fall,
             "best": max((s for _, s in evals), default=float("nan")),
             "final_eval": float(r["final"].get("eval_reward_end", "nan")),
             "traj_per_s": int(r["final"].get("trajectories", 0)) / max(float(r["final"].get("wall_s", 1)), 1e-9),
@@ -179,13 +184,13 @@ def main() -> int:
             runs[name].append(summarise(result, a.target))
     budget = a.minutes * 60
     print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
-          f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6}")
+          f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6} {'fall':>6}")
     for name, rs in runs.items():
         for r, s in enumerate(rs):
             t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
             print(f"{run_label(name, r, a.repeats):16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
                   f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
-                  f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}%")
+                  f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}% {'-' if s['fall'] is None else format(s['fall'], '.3f'):>6}")
     medians = {name: median_to_target(rs) for name, rs in runs.items()}
     if a.repeats > 1:
         print(f"\nmedians over {a.repeats} repeats (a run that never reached eval {a.target} counts as later than "
@@ -193,8 +198,11 @@ def main() -> int:
         for name, rs in runs.items():
             m = medians[name]
             reached = sum(s["to_target"] is not None for s in rs)
-            print(f"{name:16} to eval {a.target}: {'never' if m is None else f'{m:.0f} s':>6} (reached in {reached} "
-                  f"of {len(rs)}); traj/s {statistics.median(s['traj_per_s'] for s in rs):.2f}; final eval "
+            at = sorted((s["at"] is None, s["at"] or 0) for s in rs)[len(rs) // 2]
+            falls = [s["fall"] for s in rs if s["fall"] is not None]
+            print(f"{name:16} to eval {a.target}: {'never' if m is None else f'{m:.0f} s':>6} at "
+                  f"{'never' if at[0] else 'v' + str(at[1]):>5} (reached in {reached} of {len(rs)}); largest fall after "
+                  f"0.9 {max(falls) if falls else float('nan'):.3f}; traj/s {statistics.median(s['traj_per_s'] for s in rs):.2f}; final eval "
                   f"{statistics.median(s['final_eval'] for s in rs):.3f}; idle "
                   f"{100 * statistics.median(s['idle'] for s in rs):.0f}%")
     ref = medians.get("per_episode")
@@ -205,6 +213,10 @@ def main() -> int:
             other = medians[name]
             print(f"{name} / per_episode, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
                   + (f"{other / ref:.2f}x" if other else f"> {budget / ref:.2f}x (never reached it)"))
+    sync = medians.get("synchronous")
+    for name in (n for n in medians if n.split("@")[0] == "admitted" and medians[n]):
+        print(f"synchronous / {name}, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
+              + (f"{sync / medians[name]:.2f}x" if sync else f"> {budget / medians[name]:.2f}x (synchronous never reached it)"))
     print("'generate': the engines' share of the explorers' time sampling, loading weights and evaluating; "
           "'tools': waiting for environment steps with nothing to generate; 'idle': all but 'generate'.")
     if not a.workdir:

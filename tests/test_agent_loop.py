@@ -2,7 +2,8 @@
 guess-the-number environment, warm-up demonstrations, explorers -> faust stream ops -> trainer ->
 S3 -> explorers) for a few steps: the `multi_turn` workflow in lockstep, and the `step_wise` one
 with episodes scheduled one by one (`explorer.scheduling: per_episode`), on-policy
-(`trainer.max_staleness: 0`), in an environment whose every step waits a seeded delay
+(`trainer.max_staleness: 0`), its finished groups published in the order they were admitted
+(`explorer.publish_order: admitted`), in an environment whose every step waits a seeded delay
 (`explorer.env.latency`), with an explorer killed -9 once its metrics report 64 episodes in flight. Every
 trajectory is accounted for as in the single-turn loop test: each rollout group below stream ops'
 committed offsets is an experience or a zero-variance group, and the trainer's trained + stale +
@@ -42,7 +43,8 @@ def _overrides(stack, out: Path, workflow: str, scheduling: str) -> list[str]:
              "explorer.env={type: guess_number, params: {low: 1, high: 8, max_guesses: 4}, "
              "latency: {median_s: 0.3, p99_s: 1.5, seed: 0}}",
              # on-policy: every group of a version waits for it, so explorers with nothing in flight must swap
-             "trainer.max_staleness=0"] if scheduling == "per_episode" else [])
+             "trainer.max_staleness=0", "explorer.publish_order=admitted", "explorer.publish_wait_s=5"]
+            if scheduling == "per_episode" else [])
     return [
         *stack_overrides(stack, out),
         "stages=[{type: sft, steps: 20, batch_size: 16, lr: 0.003, data: {demos: {linear: 0.5, bisect: 0.5}, size: 100}}]",
@@ -102,6 +104,9 @@ def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workfl
         assert killed is not None, f"no explorer reported {IN_FLIGHT} episodes in flight\n" + stdout[-4000:]
         assert f"{killed} exited with -9: restart 1 of" in stdout
         assert any(l.startswith("profile:") and " env " in l for l in stdout.splitlines()), stdout
+        explorers = [decode(m.value(), Metric).values for m in read_all(stack.kafka, topic_name(
+            load_config(next(tmp_path.glob("*/config.yaml"))).namespace, "metrics"))]
+        assert any("groups_held" in v and "groups_waited_out" in v for v in explorers), "no release-order counts"
     run_dir = next(p for p in tmp_path.iterdir() if (p / "config.yaml").exists())
     cfg = load_config(run_dir / "config.yaml")
     ns, kafka = cfg.namespace, stack.kafka

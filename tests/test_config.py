@@ -251,6 +251,8 @@ OUT_OF_RANGE = [
     ("explorer.engine.max_batch=0", "explorer.engine.max_batch: must be >= 1 (got 0)"),
     ("explorer.max_concurrent_episodes=0", "explorer.max_concurrent_episodes: must be >= 1 (got 0)"),
     ("explorer.env_threads=0", "explorer.env_threads: must be >= 1 (got 0)"),
+    ("explorer.publish_wait_s=-1", "explorer.publish_wait_s: must be >= 0 and <= 600 (got -1)"),
+    ("explorer.publish_wait_s=601", "explorer.publish_wait_s: must be >= 0 and <= 600 (got 601)"),
     ("explorer.min_episodes_per_group=0", "explorer.min_episodes_per_group: must be >= 1 (got 0)"),
     ("explorer.env={type: calculator, step_timeout_s: 0}", "explorer.env.step_timeout_s: must be > 0 (got 0)"),
     ("explorer.env={type: calculator, latency: {median_s: 0}}", "explorer.env.latency.median_s: must be > 0 (got 0)"),
@@ -399,6 +401,7 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
      "explorer: scheduling='per_episode' schedules the shipped workflows ['single_turn', 'multi_turn', 'step_wise'], "
      "not a workflow_import_path: use scheduling='lockstep'"),
     (["explorer.scheduling=async"], "explorer.scheduling: Input should be 'lockstep' or 'per_episode'"),
+    (["explorer.publish_order=arrival"], "explorer.publish_order: Input should be 'admitted' or 'finished'"),
     (["explorer.workflow=multi_turn", "explorer.env={type: calculator}", "explorer.scheduling=per_episode",
       "explorer.group_size=8", "explorer.max_concurrent_episodes=4"],
      "explorer: max_concurrent_episodes=4 is less than group_size=8: a group's episodes start together"),

@@ -211,6 +211,13 @@ class ExplorerConfig(Section):
     """`per_episode`: new weights are loaded between two engine calls, so an episode's turns may
     come from different versions (each turn's is recorded; staleness counts from the oldest), or
     only once every episode in flight has ended (admission pauses meanwhile)."""
+    publish_order: Literal["admitted", "finished"] = "finished"
+    """`per_episode`: `finished` publishes a group as soon as its episodes have ended; `admitted`
+    publishes finished groups in the order this explorer admitted them, a group waiting for older
+    open ones at most `publish_wait_s`, so groups whose tasks end in fewer tool steps do not fill
+    the trainer's batches ahead of the slow ones (`producers/release_order.py`, docs/asynchrony.md)."""
+    publish_wait_s: float = Field(30.0, ge=0, le=600)
+    """`publish_order: admitted`: the longest a finished group waits for older ones."""
     task_selector: TaskSelectorConfig = Field(default_factory=TaskSelectorConfig)
     """Which task next: `{type: sequential | random | difficulty, params}` or `{import_path, params}`
     (docs/curriculum.md). Tasks from a file only: with `data.source: topic`, tasks come in topic order."""

@@ -11,7 +11,9 @@ which feeds the engine whatever episodes are ready for a model turn. Around it:
   allows it, a group is opened
   (`AdmissionLog.open_group`, as the gateway does: requests made together share one reservation
   record). The round trip runs in a thread beside the engine, so it never stalls generation.
-- **A group goes out as soon as its n episodes have ended**, whatever the others do, with a
+- **A group goes out as soon as its n episodes have ended**, whatever the others do
+  (`explorer.publish_order: finished`), or once the groups this explorer admitted before it have
+  gone out, waiting `publish_wait_s` at most (`admitted`, `release_order.py`), with a
   delivery callback: its admission slot closes when the broker has acknowledged it. A delivery that
   failed for a transient reason is sent again (`CheckedProducer.serve`); one refused for itself
   raises. Episodes its environment ended are left out of the group, or the group is dropped
@@ -39,6 +41,7 @@ from typing import Any
 
 from streamrft.infra.kafka import flush_or_raise
 from streamrft.producers.admission import explorer_share
+from streamrft.producers.release_order import ReleaseOrder
 from streamrft.producers.workflows import GROUP_BUILDERS, WORKFLOWS, TurnLimits, make_env, single_turn
 from streamrft.producers.workflows.scheduler import EpisodeScheduler
 from streamrft.producers.workflows.single_turn import completion_group
@@ -62,6 +65,8 @@ class EpisodeLoop:
         self.failures: list[BaseException] = []
         self.busy = {"reserve_busy_s": 0.0, "publish_busy_s": 0.0}
         self.unacked = 0
+        ex = explorer.cfg.explorer
+        self.order = ReleaseOrder(ex.publish_wait_s if ex.publish_order == "admitted" else None)
 
     def run(self) -> None:
         asyncio.run(self._main())
@@ -85,6 +90,7 @@ class EpisodeLoop:
                 g.cancel()
             await asyncio.gather(*self.groups, return_exceptions=True)
             await sched.close()
+            self._release(everything=True)  # finished groups are whole: they go out, in order
             self.deciding.shutdown(wait=True)
             self.io.shutdown(wait=True)
             # every acknowledgement comes back while the admission log still runs (it closes the slots)
@@ -96,14 +102,15 @@ class EpisodeLoop:
         generated = dropped = 0
         while not x.stop.is_set():
             x.producer.serve()  # delivery callbacks: acknowledged groups close their admission slots
+            self._release()
             if self.failures:
                 raise self.failures[0]
             if self.sched.failed is not None:
                 raise RuntimeError("the rollout engine failed") from self.sched.failed
             run.check_reader()
             self._progress(generated, dropped)
-            if ex.max_groups is not None and x.stats["groups"] + self.unacked >= ex.max_groups:
-                if not self.groups and not self.unacked:
+            if ex.max_groups is not None and x.stats["groups"] + self.unacked + self.order.held() >= ex.max_groups:
+                if not self.groups and not self.unacked and not self.order.held():
                     break
                 await asyncio.sleep(0.01)
                 continue
@@ -171,7 +178,7 @@ class EpisodeLoop:
             x.admission.close_group(version, False)
             await asyncio.sleep(0.2)
             return
-        published = False
+        published, seq = False, self.order.admit()
         try:
             if self.builder is None:  # single-turn: n completions of one prompt, in one engine call
                 prompt, completions, sampled = await self.sched.sample(batch[0], self.n)
@@ -182,11 +189,18 @@ class EpisodeLoop:
                 group = self.builder(x.engine.tokenizer, batch[0], episodes, version=version, team=ex.team,
                                      producer_id=x.id, min_episodes=ex.min_episodes_per_group, stats=x.stats)
             if group is not None:
-                self._publish(group, version)
-                published = True
+                self.order.finish(seq, (group, version), time.monotonic())
+                published = True  # now or once older groups have gone out (`_release`): its slot closes on the ack
+                self._release()
         finally:
             if not published:  # dropped, failed or cancelled: its admission slot is released
+                self.order.cancel(seq)
                 x.admission.close_group(version, False)
+
+    def _release(self, everything: bool = False) -> None:
+        """Publish the finished groups `publish_order` lets go now."""
+        for group, version in self.order.due(time.monotonic(), everything=everything):
+            self._publish(group, version)
 
     def _publish(self, group: RolloutGroup, version: int) -> None:
         x, trajectories = self.x, len(group.trajectories)
@@ -216,4 +230,5 @@ class EpisodeLoop:
         self._stages()
         self.x.progress(self.run_state, slots, generated, dropped, **self.busy,
                         episodes_in_flight=self.sched.episodes_in_flight, env_in_flight=self.sched.env_in_flight,
-                        generate_calls=self.sched.stats["generate_calls"])
+                        generate_calls=self.sched.stats["generate_calls"], groups_held=self.order.held(),
+                        groups_overtaking=self.order.overtook, groups_waited_out=self.order.waited_out)
