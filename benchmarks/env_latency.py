@@ -127,8 +127,11 @@ def _from_tensorboard(out_dir: str, t_roles: float) -> dict:
 def summarise(r: dict, target: float) -> dict:
     made, evals, st = r["made"], r["evals"], r["stages"]
     hit = next((v for v, score in evals if score >= target and v in made), None)
-    high = next((i for i, (_, score) in enumerate(evals) if score >= 0.9), None)
-    fall = None if high is None else max(max(s for _, s in evals[:i + 1]) - evals[i][1] for i in range(high, len(evals)))
+    best, fall = float("-inf"), None  # the largest drop below the best so far, once 0.9 was reached
+    for _, score in evals:
+        best = max(best, score)
+        if best >= 0.9:
+            fall = max(fall or 0.0, best - score)
     wall = st.get("wall_s", 0.0) or float("nan")
     generate = st.get("generate_s", 0.0) + st.get("load_s", 0.0) + st.get("eval_s", 0.0)
     return {"to_target": None if hit is None else made[hit], "at": hit, "fall": fall,

@@ -49,10 +49,10 @@ class ReleaseOrder:
     def due(self, now: float, *, everything: bool = False) -> list[Any]:
         """The finished items to publish now, in admission order: each whose older groups are all
         published or cancelled, or that has waited `wait_s` (`everything`: all, e.g. on stop)."""
-        out = []
+        out, oldest_open = [], min(self._open, default=None)
         for seq in sorted(self._done):
             at, item = self._done[seq]
-            older_open = any(o < seq for o in self._open)
+            older_open = oldest_open is not None and oldest_open < seq
             expired = self.wait_s is None or now - at >= self.wait_s
             if not older_open or expired or everything:
                 if older_open:
