@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -579,4 +580,14 @@ def run_trainer(cfg: RunConfig) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     result = Trainer(cfg, stop).run()
     print(f"trainer done: {result}", flush=True)
+    if cfg.trainer.engine == "deepspeed" and "LOCAL_RANK" in os.environ:
+        # a rank under torchrun: its versions, checkpoints and offsets are durable by now, and the
+        # process group is gone (`close`). The interpreter's teardown can still abort in C++ now
+        # and then ("terminate called without an active exception", SIGABRT: a thread of torch's
+        # distributed stack destroyed while joinable), which torchrun reports as the run failing
+        # and answers by SIGTERMing the other ranks; so a rank leaves without it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
