@@ -49,6 +49,12 @@ class SamplingConfig(Section):
     top_k: int = Field(0, ge=0)
     """0 = no top-k truncation."""
     max_new_tokens: int = Field(32, ge=1)
+    seed: int | None = Field(None, ge=0)
+    """None: unseeded. An int: each group's samples come from random streams of their own, seeded
+    by (seed, task id, how many times this explorer took that task before), episode and turn, so
+    the same weights give the same tokens whatever the scheduling (lockstep or one by one) and
+    whatever else shares the engine's calls (`SamplingParams.seeds`). A custom workflow gets the
+    seeds in `params.seeds`, one per task."""
 
 
 class LatencyConfig(Section):

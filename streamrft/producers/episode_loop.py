@@ -179,13 +179,14 @@ class EpisodeLoop:
             await asyncio.sleep(0.2)
             return
         published, seq = False, self.order.admit()
+        seed = (x.group_seeds(batch) or [None])[0]
         try:
             if self.builder is None:  # single-turn: n completions of one prompt, in one engine call
-                prompt, completions, sampled = await self.sched.sample(batch[0], self.n)
+                prompt, completions, sampled = await self.sched.sample(batch[0], self.n, seed)
                 group = completion_group(batch[0], prompt, completions, version=sampled, team=ex.team,
                                          producer_id=x.id)
             else:
-                episodes = await self.sched.play(batch[0], self.n)
+                episodes = await self.sched.play(batch[0], self.n, seed)
                 group = self.builder(x.engine.tokenizer, batch[0], episodes, version=version, team=ex.team,
                                      producer_id=x.id, min_episodes=ex.min_episodes_per_group, stats=x.stats)
             if group is not None:

@@ -17,6 +17,7 @@ one explorer.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -94,6 +95,7 @@ class Explorer:
         self.per_version = groups_per_version(cfg.trainer.batch_groups, cfg.trainer.sync_interval)
         self.eval_tasks = None  # loaded when this explorer first holds slot 0
         self.prom = role_metrics(cfg.monitor.prometheus, "explorer", index)
+        self._draws: dict[str, int] = {}  # task id -> groups of it taken (`group_seeds`)
         self.stats = {"groups": 0, "trajectories": 0, "swaps": 0, "admission_waits": 0, "slot_waits": 0,
                       "env_errors": 0, "env_timeouts": 0, "groups_dropped_env": 0, **dict.fromkeys(STAGES, 0.0)}
 
@@ -190,6 +192,21 @@ class Explorer:
             return None
         return slots
 
+    def group_seeds(self, tasks: list) -> list[int] | None:
+        """Each group's sampling seed (`explorer.sampling.seed`): (seed, task id, how many times this
+        explorer took that task before), the same in lockstep and one by one; None when unseeded."""
+        seed = self.cfg.explorer.sampling.seed
+        if seed is None:
+            return None
+        from streamrft.engine.rollout.base import derive_seed
+
+        seeds = []
+        for task in tasks:
+            draws = self._draws.get(task.task_id, 0)
+            self._draws[task.task_id] = draws + 1
+            seeds.append(derive_seed(seed, task.task_id, draws))
+        return seeds
+
     def room(self):
         """`headroom(generated, dropped, oldest_in_flight)` with this engine's weights now."""
         cfg = self.cfg
@@ -238,7 +255,9 @@ class Explorer:
                 self._wait(0.2, "task_wait_s")
                 continue
             t0, env0 = time.monotonic(), self.stats["env_s"]
-            groups = workflow(self.engine, batch, self.params, version=self.engine.version, team=ex.team,
+            seeds = self.group_seeds(batch)
+            params = self.params if seeds is None else dataclasses.replace(self.params, seeds=seeds)
+            groups = workflow(self.engine, batch, params, version=self.engine.version, team=ex.team,
                               producer_id=self.id, chat=ex.chat_template)
             # the shipped multi-turn workflows count their environments' time apart (env_s)
             self.stats["generate_s"] += time.monotonic() - t0 - (self.stats["env_s"] - env0)

@@ -129,6 +129,49 @@ def test_shared_prefill_equals_one_prefill_per_sample(engine):
             assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
 
 
+def test_per_prompt_seeds_sample_the_same_tokens_whatever_shares_the_call(engine):
+    """With `seeds`, a prompt's samples do not depend on the call's other prompts, their order or
+    the batch size; the log-probs are the tempered, top-k truncated distribution's (teacher forcing),
+    and different seeds sample differently."""
+    prompts = _ids(engine, PROMPTS)
+    params = SamplingParams(n=3, max_new_tokens=6, temperature=0.8, top_k=5, seeds=[11, 22, 33])
+    together = engine.generate(prompts, params)
+    reordered = engine.generate(prompts[::-1], SamplingParams(n=3, max_new_tokens=6, temperature=0.8, top_k=5,
+                                                              seeds=[33, 22, 11]))[::-1]
+    alone = [engine.generate([p], SamplingParams(n=3, max_new_tokens=6, temperature=0.8, top_k=5, seeds=[s]))[0]
+             for p, s in zip(prompts, [11, 22, 33])]
+    for a, b, c in zip(together, reordered, alone):
+        assert [x.token_ids for x in a] == [x.token_ids for x in b] == [x.token_ids for x in c]
+        for x, y in zip(a, c):
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+    for prompt, group in zip(prompts, together):
+        for c in group:
+            seq = torch.tensor([prompt + c.token_ids], device=engine.device)
+            with torch.no_grad():
+                logits = engine.model(seq).logits[0, len(prompt) - 1 : -1].cpu()
+            expected = _tempered(logits, 0.8, top_k=5)
+            expected = expected.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+    other = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, temperature=0.8, top_k=5, seeds=[1, 2, 3]))
+    assert [[x.token_ids for x in g] for g in other] != [[x.token_ids for x in g] for g in together]
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        engine.generate(prompts, SamplingParams(n=1, max_new_tokens=2, seeds=[1, 2]))
+
+
+def test_per_prompt_seeds_sample_the_tempered_distribution():
+    """Gumbel-max with a stream per row draws from softmax(logits / T): over 4,000 rows of one
+    set of logits, each token's frequency is within 3 % of its probability."""
+    from streamrft.engine.rollout.hf import SeededSampler
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(4000, 1)
+    sampler = SeededSampler(list(range(4000)), temperature=2.0, top_k=0, top_p=1.0)
+    picks = sampler(None, logits).argmax(-1)
+    want = torch.softmax(logits[0] / 2.0, -1)
+    got = torch.bincount(picks, minlength=5).float() / 4000
+    assert torch.allclose(got, want, atol=0.03)
+    assert torch.allclose(sampler.log_probs[0][0], torch.log_softmax(logits[0] / 2.0, -1))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_load_weights_changes_outputs(model_dir, device):
     eng = TransformersEngine(str(model_dir), device=device, max_batch=8)

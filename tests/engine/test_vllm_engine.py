@@ -159,6 +159,20 @@ def test_vllm_seed_repeats_a_call_and_seeds_each_prompt_apart(vllm_setup):
     assert len({tuple(map(tuple, g)) for g in ids}) == 3
 
 
+def test_vllm_per_prompt_seeds_sample_the_same_whatever_shares_the_call(vllm_setup):
+    from streamrft.engine.rollout import SamplingParams
+
+    engine, path = vllm_setup
+    _, prompts = _prompts(path)
+    seeds = list(range(100, 100 + len(prompts)))
+    together = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seeds=seeds))
+    alone = [engine.generate([p], SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seeds=[s]))[0]
+             for p, s in zip(prompts, seeds)]
+    assert [[c.token_ids for c in g] for g in together] == [[c.token_ids for c in g] for g in alone]
+    with pytest.raises(ValueError, match="seeds for"):
+        engine.generate(prompts, SamplingParams(n=1, max_new_tokens=2, seeds=seeds[:-1]))
+
+
 def test_vllm_refuses_a_temperature_it_would_change(vllm_setup):
     from streamrft.engine.rollout import SamplingParams
 

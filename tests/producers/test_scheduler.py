@@ -8,6 +8,7 @@ tiny char model plays episodes end to end with a slow async environment."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import threading
 import time
@@ -244,6 +245,52 @@ def test_real_engine_episodes_with_an_async_slow_tool_wait_together(tok, tmp_pat
     assert time.monotonic() - t0 < 32 * 0.3
     for g in groups:
         assert decode(encode(g), RolloutGroup) == g
+
+
+def test_seeded_episodes_are_the_same_one_by_one_as_in_lockstep(tok, tmp_path):
+    """With a seed per group (`explorer.sampling.seed`), the real engine samples every turn from
+    the episode's own stream: lockstep and one by one (where some tasks' steps are slow, so the
+    engine's calls hold other episodes in another order) give the same tokens, masks and rewards,
+    and log-probs equal to float rounding; other seeds give other episodes."""
+    from streamrft.engine.sft import sft_on_sequences
+    from streamrft.producers.workflows.demonstrations import mixture
+
+    build_tiny_model(tmp_path / "m", tok, hidden_size=32, layers=1, heads=2, seed=0)
+    torch.set_num_threads(1)
+    eng = TransformersEngine(str(tmp_path / "m"), max_batch=64)
+    # a few steps on scripted games, so that episodes last several turns
+    demos = mixture(tok, [Task(task_id=f"d{i}", prompt="guess 1-8:", answer=str(1 + i % 8)) for i in range(64)],
+                    GuessNumber, guess_number.PLAYERS, {"linear": 0.5, "bisect": 0.5})
+    sft_on_sequences(eng.model, tok, [(d.ids, d.loss_mask) for d in demos], steps=30, batch_size=16, lr=3e-3)
+    eng.model.eval()
+    tasks, seeds = _tasks(1, 4, 6, 8), [101, 202, 303, 404]
+    params = SamplingParams(n=4, max_new_tokens=3, temperature=1.0, seeds=seeds)
+    lock = run_episodes(eng, tasks, params, env=GuessNumber, limits=TurnLimits(max_turns=4))
+
+    class SlowSome(Slow):
+        delay, slow = 0.05, {4, 8}
+
+    async def go():
+        s = EpisodeScheduler(eng, params, env=SlowSome, limits=TurnLimits(max_turns=4))
+        s.start()
+        try:
+            return await asyncio.gather(*(s.play(t, 4, seed) for t, seed in zip(tasks, seeds))), s.stats
+        finally:
+            await s.close()
+
+    one_by_one, stats = asyncio.run(go())
+    assert stats["generate_calls"] > 4  # the slow tasks' turns came in calls of their own
+    turns = 0
+    for row, other in zip(lock, one_by_one):
+        for a, b in zip(row, other):
+            assert (a.prompt_ids, a.response_ids, a.loss_mask, a.finish_reason, a.env_reward) == \
+                   (b.prompt_ids, b.response_ids, b.loss_mask, b.finish_reason, b.env_reward)
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+            turns += len(a.turns)
+    assert turns > 16  # episodes of several turns
+    reseeded = run_episodes(eng, tasks, dataclasses.replace(params, seeds=[1, 2, 3, 4]), env=GuessNumber,
+                            limits=TurnLimits(max_turns=4))
+    assert [[e.response_ids for e in row] for row in reseeded] != [[e.response_ids for e in row] for row in lock]
 
 
 def test_the_feeder_never_runs_two_engine_calls_at_once(tok):

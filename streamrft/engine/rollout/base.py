@@ -15,6 +15,7 @@ log softmax(logits_t) is reported.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -31,10 +32,21 @@ class SamplingParams:
     """0 = off."""
     seed: int | None = None
     """Seeds one generate call (same seed, same weights, same prompts -> same samples)."""
+    seeds: list[int] | None = None
+    """One per prompt, instead of `seed`: sample k of prompt i is drawn from a random stream of its
+    own, `derive_seed(seeds[i], k)`, so its tokens do not depend on what else shares the call or on
+    the batch's order (same weights, prompt and seed -> same tokens; log-probs equal to float
+    rounding). Explorers seed each episode's turns this way with `explorer.sampling.seed`."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Stop on these as well as the tokenizer's EOS; the stop token is kept in `token_ids`."""
     top_logprobs: int = 0
     """Also return this many most likely tokens of each step's sampling distribution (0 = none)."""
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from `parts` (ints, strings), the same in every process and on every platform."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass

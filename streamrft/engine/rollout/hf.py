@@ -12,14 +12,44 @@ their KV cache is repeated n times, and `generate` goes on from it. A real chat 
 times longer than a short answer, so the prefill is most of the work: with SmolLM2, 2 prompts of 45
 tokens x 8 samples of 12 tokens take 2.5x less time (`benchmarks/version_profile.py` runs the
 explorer's generate; the ids are identical, log-probs equal to ~1e-5, tested).
+
+With `SamplingParams.seeds` each row samples from a random stream of its own (`SeededSampler`:
+Gumbel-max over the tempered, truncated log-probs, one generator per row and step), so a row's
+tokens are the same whatever else shares the call; `generate` then runs greedy over the sampler's
+scores, and the log-probs are the sampler's, before its noise.
 """
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from streamrft.engine.models import load_policy
-from streamrft.engine.rollout.base import Completion, SamplingParams
+from streamrft.engine.rollout.base import Completion, SamplingParams, derive_seed
+
+
+class SeededSampler:
+    """A logits processor that samples row r's next token from softmax(logits / temperature), top-k
+    and top-p truncated as `generate` would, with the generator `derive_seed(row_seeds[r], step)`
+    (Gumbel-max: the argmax of log-probs + Gumbel noise is a sample of them). It returns those
+    scores for a greedy `generate` to take the argmax of, and keeps each step's log-probs."""
+
+    def __init__(self, row_seeds: list[int], temperature: float, top_k: int, top_p: float):
+        self.row_seeds, self.temperature = row_seeds, temperature
+        self.warpers = ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        self.log_probs: list[torch.Tensor] = []  # one (rows, vocab) per step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        x = scores.float() / self.temperature
+        for warp in self.warpers:
+            x = warp(input_ids, x)
+        log_probs = torch.log_softmax(x, dim=-1)
+        step = len(self.log_probs)
+        self.log_probs.append(log_probs)
+        noise = torch.empty_like(log_probs, device="cpu")
+        for row, seed in enumerate(self.row_seeds):
+            noise[row].uniform_(generator=torch.Generator().manual_seed(derive_seed(seed, step)))
+        gumbel = -torch.log(-torch.log(noise.clamp_(min=1e-20, max=1 - 1e-7)))
+        return log_probs + gumbel.to(log_probs.device)  # -inf (truncated) stays -inf
 
 
 class TransformersEngine:
@@ -47,14 +77,18 @@ class TransformersEngine:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
         per_call = max(1, self.max_batch // params.n)
         out: list[list[Completion]] = []
+        if params.seeds is not None and len(params.seeds) != len(prompt_ids):
+            raise ValueError(f"{len(params.seeds)} seeds for {len(prompt_ids)} prompts: need one per prompt")
         with torch.random.fork_rng(devices=self._rng_devices, enabled=params.seed is not None):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(prompt_ids), per_call):
-                out.extend(self._generate_batch(prompt_ids[start : start + per_call], params))
+                seeds = None if params.seeds is None else params.seeds[start : start + per_call]
+                out.extend(self._generate_batch(prompt_ids[start : start + per_call], params, seeds))
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+                        seeds: list[int] | None = None) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
         pad_id = self.tokenizer.pad_token_id
@@ -63,9 +97,14 @@ class TransformersEngine:
         rows = [p for p in prompts for _ in range(params.n)]
         input_ids, attention_mask = self._left_padded(rows, width)
         greedy = params.temperature == 0
-        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        sampler = None
+        if seeds is not None and not greedy:  # each row its own stream: greedy over the sampler's scores
+            sampler = SeededSampler([derive_seed(s, k) for s in seeds for k in range(params.n)],
+                                    params.temperature, params.top_k, params.top_p)
+        sampling = {} if greedy or sampler else {"temperature": params.temperature, "top_p": params.top_p,
+                                                 "top_k": params.top_k}
         config = GenerationConfig(
-            do_sample=not greedy,
+            do_sample=not greedy and sampler is None,
             **sampling,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=stop_ids,
@@ -75,10 +114,14 @@ class TransformersEngine:
         )
         cache = self._shared_prefill(prompts, width, params.n)
         res = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                                  **({} if cache is None else {"past_key_values": cache}))
+                                  **({} if cache is None else {"past_key_values": cache}),
+                                  **({} if sampler is None else {"logits_processor": LogitsProcessorList([sampler])}))
         new = res.sequences[:, width:]
-        scores = torch.stack(res.scores, dim=1).float()  # (rows, steps, vocab); -inf where truncated
-        log_probs = torch.log_softmax(scores, dim=-1)
+        if sampler is None:
+            scores = torch.stack(res.scores, dim=1).float()  # (rows, steps, vocab); -inf where truncated
+            log_probs = torch.log_softmax(scores, dim=-1)
+        else:
+            log_probs = torch.stack(sampler.log_probs, dim=1)
         chosen = log_probs.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         tops = None
         if params.top_logprobs > 0:

@@ -33,6 +33,8 @@ which has them all too; the gpu-marked tests (`pytest -m gpu`) run them.
 - vLLM refuses greedy decoding with n > 1: such a call becomes n requests of n = 1 per prompt.
   A seeded call seeds each request apart (seed + its first sample's index in the call), so the
   prompts of one call do not share random streams and the same seed repeats the same samples.
+  With `SamplingParams.seeds` each prompt's request is seeded with its own seed (vLLM gives each
+  request a generator of its own), so its samples do not depend on what else shares the call.
 - vLLM's own tokenizer is skipped (`skip_tokenizer_init`): AutoTokenizer would load a tokenizer of
   the model type's class, which for the demo's char tokenizer is wrong. Text is decoded here with
   `load_tokenizer`, and EOS is passed as a stop token explicitly.
@@ -122,6 +124,14 @@ class VLLMEngine:
         stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
         k = params.top_logprobs
 
+        if params.seeds is not None and len(params.seeds) != len(prompt_ids):
+            raise ValueError(f"{len(params.seeds)} seeds for {len(prompt_ids)} prompts: need one per prompt")
+
+        def seed(i: int) -> int | None:
+            if params.seeds is not None:  # the prompt's own seed; its greedy copies (i % per_prompt) agree anyway
+                return params.seeds[i // per_prompt] % SEED_RANGE
+            return None if params.seed is None else (params.seed + i * n) % SEED_RANGE
+
         def request_params(i: int) -> Any:
             return VLLMSamplingParams(
                 n=n,
@@ -129,7 +139,7 @@ class VLLMEngine:
                 top_p=params.top_p,
                 top_k=params.top_k,  # 0 = off, as in base.SamplingParams
                 max_tokens=params.max_new_tokens,
-                seed=None if params.seed is None else (params.seed + i * n) % SEED_RANGE,
+                seed=seed(i),
                 stop_token_ids=stop_ids,
                 # the sampled token's log-prob always comes back, next to the k most likely
                 logprobs=max(1, k),

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from streamrft.engine.rollout.base import RolloutEngine, SamplingParams
+from streamrft.engine.rollout.base import RolloutEngine, SamplingParams, derive_seed
 from streamrft.producers.envs.base import Environment
 from streamrft.producers.workflows.turns import TurnEncoder
 from streamrft.schemas import Task, new_id
@@ -127,11 +127,18 @@ class Episode:
         self.loss_mask += [0] * len(ids)
 
 
+def turn_seed(group_seed: int, episode: int, turn: int) -> int:
+    """The seed of an episode's model turn (its index in the group, the turn's among its model
+    turns): the same in lockstep and one by one."""
+    return derive_seed(group_seed, episode, turn)
+
+
 def run_episodes(engine: RolloutEngine, tasks: list[Task], params: SamplingParams, *,
                  env: Callable[[], Environment], limits: TurnLimits, chat: bool = False,
                  stats: dict | None = None) -> list[list[Episode]]:
     """`params.n` finished episodes of each task, in task order. `stats["env_s"]` grows by the time
-    spent outside the engine's calls: the environments' (and the tokenizer's, a little)."""
+    spent outside the engine's calls: the environments' (and the tokenizer's, a little). With
+    `params.seeds` (one per task) each turn is sampled with its own `turn_seed`."""
     t_start, engine_s = time.monotonic(), 0.0
     encoder = TurnEncoder(engine.tokenizer, chat)
     episodes: list[list[Episode]] = []
@@ -145,6 +152,8 @@ def run_episodes(engine: RolloutEngine, tasks: list[Task], params: SamplingParam
                 row.append(failed_episode(task, environment, f))
         episodes.append(row)
     everything = [e for row in episodes for e in row]
+    seeds = None if params.seeds is None else {id(e): (params.seeds[i], j) for i, row in enumerate(episodes)
+                                               for j, e in enumerate(row)}
     for k in range(limits.max_turns):
         for e in everything:
             if e.finish_reason is None and e.length >= limits.max_total_tokens:
@@ -154,7 +163,8 @@ def run_episodes(engine: RolloutEngine, tasks: list[Task], params: SamplingParam
             break
         budgets = [min(params.max_new_tokens, limits.max_total_tokens - e.length) for e in live]
         call = dataclasses.replace(params, n=1, max_new_tokens=max(budgets),
-                                   seed=None if params.seed is None else params.seed + k)
+                                   seed=None if params.seed is None else params.seed + k,
+                                   seeds=None if seeds is None else [turn_seed(*seeds[id(e)], len(e.turns)) for e in live])
         t0 = time.monotonic()
         outputs = engine.generate([e.prompt_ids + e.response_ids for e in live], call)
         engine_s += time.monotonic() - t0

@@ -40,7 +40,7 @@ from streamrft.engine.rollout.base import Completion, RolloutEngine, SamplingPar
 from streamrft.producers.envs.base import Environment
 from streamrft.producers.workflows.episodes import (ENV_ERROR, ENV_TIMEOUT, MAX_TOTAL_TOKENS, EnvFailure, Episode,
                                                     TurnLimits, answer, check_observation, check_result,
-                                                    failed_episode, model_turn)
+                                                    failed_episode, model_turn, turn_seed)
 from streamrft.producers.workflows.single_turn import encode_prompt
 from streamrft.producers.workflows.turns import TurnEncoder
 from streamrft.schemas import Task
@@ -56,6 +56,7 @@ class _Request:
     n: int
     budget: int
     future: asyncio.Future
+    seed: int | None = None
 
 
 class EpisodeScheduler:
@@ -106,27 +107,31 @@ class EpisodeScheduler:
         return await asyncio.get_running_loop().run_in_executor(self._engine_pool, functools.partial(fn, *args))
 
     # ---- episodes --------------------------------------------------------------------------------
-    async def play(self, task: Task, n: int) -> list[Episode]:
-        """`n` episodes of `task`, each played until its own ending."""
+    async def play(self, task: Task, n: int, seed: int | None = None) -> list[Episode]:
+        """`n` episodes of `task`, each played until its own ending; with `seed` (the group's) each
+        model turn is sampled with its own `turn_seed`, as in lockstep."""
         self.episodes_in_flight += n
         try:
-            return list(await asyncio.gather(*(self._episode(task) for _ in range(n))))
+            return list(await asyncio.gather(*(self._episode(task, None if seed is None else (seed, j))
+                                               for j in range(n))))
         finally:
             self.episodes_in_flight -= n
 
-    async def sample(self, task: Task, n: int) -> tuple[list[int], list[Completion], int]:
-        """Single-turn: the prompt ids of `task`, `n` completions of it sampled in one engine call,
-        and the weight version that sampled them."""
+    async def sample(self, task: Task, n: int, seed: int | None = None) -> tuple[list[int], list[Completion], int]:
+        """Single-turn: the prompt ids of `task`, `n` completions of it sampled in one engine call
+        (with the group's `seed`, as the prompt's `SamplingParams.seeds`), and the weight version
+        that sampled them."""
         prompt = encode_prompt(self.engine.tokenizer, task, self.chat)
         self.episodes_in_flight += n
         try:
-            completions, version = await self._request(prompt, n, self.params.max_new_tokens)
+            completions, version = await self._request(prompt, n, self.params.max_new_tokens, seed)
             return prompt, completions, version
         finally:
             self.episodes_in_flight -= n
             self.stats["episodes"] += n
 
-    async def _episode(self, task: Task) -> Episode:
+    async def _episode(self, task: Task, seed: tuple[int, int] | None) -> Episode:
+        """One episode; `seed`: (the group's seed, the episode's index in the group), or None."""
         env = self.env()
         try:
             try:
@@ -140,7 +145,8 @@ class EpisodeScheduler:
                         e.finish_reason = MAX_TOTAL_TOKENS
                         break
                     budget = min(self.params.max_new_tokens, self.limits.max_total_tokens - e.length)
-                    completion, version = await self._model_turn(e, budget)
+                    completion, version = await self._model_turn(
+                        e, budget, None if seed is None else turn_seed(*seed, len(e.turns)))
                     turn = model_turn(e, completion, budget, self.params.max_new_tokens, self.engine.tokenizer,
                                       version)
                     if turn is None:
@@ -179,16 +185,17 @@ class EpisodeScheduler:
         finally:
             self.env_in_flight -= 1
 
-    async def _model_turn(self, e: Episode, budget: int):
+    async def _model_turn(self, e: Episode, budget: int, seed: int | None = None):
         """(completion, version) of the episode's next model turn, sampled with up to `budget` tokens."""
-        (completion,), version = await self._request(e.prompt_ids + e.response_ids, 1, budget)
+        (completion,), version = await self._request(e.prompt_ids + e.response_ids, 1, budget, seed)
         return completion, version
 
-    async def _request(self, ids: list[int], n: int, budget: int) -> tuple[list[Completion], int]:
+    async def _request(self, ids: list[int], n: int, budget: int,
+                       seed: int | None = None) -> tuple[list[Completion], int]:
         if self.failed is not None:
             raise RuntimeError("the engine failed") from self.failed
         future = asyncio.get_running_loop().create_future()
-        self._ready.append(_Request(ids, n, budget, future))
+        self._ready.append(_Request(ids, n, budget, future, seed))
         self._wake.set()
         return await future
 
@@ -218,8 +225,10 @@ class EpisodeScheduler:
                         self.stats["load_s"] += loaded
                 batch = self._calling = self._take()
                 n = batch[0].n
+                seeded = all(r.seed is not None for r in batch)  # an explorer seeds all its groups, or none
                 call = dataclasses.replace(self.params, n=n, max_new_tokens=max(r.budget for r in batch),
-                                           seed=None if self.params.seed is None else self.params.seed + self._calls)
+                                           seed=None if self.params.seed is None else self.params.seed + self._calls,
+                                           seeds=[r.seed for r in batch] if seeded else None)
                 self._calls += 1
                 outputs, seconds = await self.on_engine(self._generate, [r.ids for r in batch], call)
                 self.stats["generate_s"] += seconds
@@ -284,7 +293,8 @@ def play_all(engine: RolloutEngine, tasks: list[Task], params: SamplingParams, *
                              step_timeout_s=step_timeout_s)
         s.start()
         try:
-            return list(await asyncio.gather(*(s.play(task, params.n) for task in tasks)))
+            seeds = params.seeds or [None] * len(tasks)
+            return list(await asyncio.gather(*(s.play(task, params.n, seed) for task, seed in zip(tasks, seeds))))
         finally:
             await s.close()
             if stats is not None:
