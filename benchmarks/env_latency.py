@@ -23,7 +23,8 @@ percentile `--p99` s), a realistic slow tool. Variants:
 `--in-flight`.
 
 `--repeats N` runs every variant N times, the variants taking turns (repeat r, in folder `NAME-rR`:
-each variant once, with `data.seed`, `trainer.seed` and the latency seed all r). On this task the greedy eval jumps
+each variant once, with `data.seed`, `trainer.seed` and the latency seed all r; `--first-repeat K`
+numbers them from K, so a later session adds new seeds). On this task the greedy eval jumps
 from one plateau to the next (counting up, 0.43; binary search, 0.92), so one run's time to the
 target is one draw of when that jump happens: compare medians over repeats, not single runs.
 
@@ -167,6 +168,8 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--variants", default="lockstep,per_episode,synchronous")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--first-repeat", type=int, default=0,
+                    help="number the repeats from here (their seeds): a later session adds repeats of its own")
     ap.add_argument("--workdir")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every variant (after the variant's own), e.g. trainer.max_staleness=1")
@@ -181,7 +184,7 @@ def main() -> int:
     print(f"prepared {prepared.model.path} in {time.perf_counter() - t0:.0f} s; step latency lognormal median "
           f"{a.median} s, p99 {a.p99} s; {a.minutes} min a variant", flush=True)
     runs: dict[str, list[dict]] = {name: [] for name in a.variants.split(",")}
-    for r in range(a.repeats):  # the variants take turns, so a drift of the machine weighs on all alike
+    for r in range(a.first_repeat, a.first_repeat + a.repeats):  # variants take turns: a drift weighs on all alike
         for name in runs:
             result = run_variant(run_label(name, r, a.repeats), [*variant(name, a, r), *a.set], a, prepared, work)
             runs[name].append(summarise(result, a.target))
@@ -189,7 +192,7 @@ def main() -> int:
     print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
           f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6} {'fall':>6}")
     for name, rs in runs.items():
-        for r, s in enumerate(rs):
+        for r, s in enumerate(rs, start=a.first_repeat):
             t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
             print(f"{run_label(name, r, a.repeats):16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
                   f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "

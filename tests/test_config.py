@@ -267,6 +267,7 @@ OUT_OF_RANGE = [
     ("explorer.sampling.top_p=1.1", "explorer.sampling.top_p: must be > 0 and <= 1 (got 1.1)"),
     ("explorer.sampling.top_k=-1", "explorer.sampling.top_k: must be >= 0 (got -1)"),
     ("explorer.sampling.max_new_tokens=0", "explorer.sampling.max_new_tokens: must be >= 1 (got 0)"),
+    ("explorer.sampling.seed=-1", "explorer.sampling.seed: must be >= 0 (got -1)"),
     ("stream_ops.workers=0", "stream_ops.workers: must be >= 1 (got 0)"),
     ("stream_ops.threads=0", "stream_ops.threads: must be >= 1 and <= 1024 (got 0)"),
     ("stream_ops.rewards=[{name: judge, timeout_s: 0}]", "stream_ops.rewards.0.timeout_s: must be > 0 and <= 3600 (got 0)"),
