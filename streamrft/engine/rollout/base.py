@@ -43,6 +43,12 @@ class SamplingParams:
     """Also return this many most likely tokens of each step's sampling distribution (0 = none)."""
 
 
+def check_seeds(params: SamplingParams, prompts: int) -> None:
+    """Every engine's check of `params.seeds`: one per prompt, or none."""
+    if params.seeds is not None and len(params.seeds) != prompts:
+        raise ValueError(f"{len(params.seeds)} seeds for {prompts} prompts: need one per prompt")
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from `parts` (ints, strings), the same in every process and on every platform."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()

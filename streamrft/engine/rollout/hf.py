@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from streamrft.engine.models import load_policy
-from streamrft.engine.rollout.base import Completion, SamplingParams, derive_seed
+from streamrft.engine.rollout.base import Completion, SamplingParams, check_seeds, derive_seed
 
 
 class SeededSampler:
@@ -77,8 +77,7 @@ class TransformersEngine:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
         per_call = max(1, self.max_batch // params.n)
         out: list[list[Completion]] = []
-        if params.seeds is not None and len(params.seeds) != len(prompt_ids):
-            raise ValueError(f"{len(params.seeds)} seeds for {len(prompt_ids)} prompts: need one per prompt")
+        check_seeds(params, len(prompt_ids))
         with torch.random.fork_rng(devices=self._rng_devices, enabled=params.seed is not None):
             if params.seed is not None:
                 torch.manual_seed(params.seed)

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrft.engine.models import load_tokenizer
-from streamrft.engine.rollout.base import Completion, SamplingParams
+from streamrft.engine.rollout.base import Completion, SamplingParams, check_seeds
 
 MIN_TEMPERATURE = 0.01  # vllm.sampling_params._MAX_TEMP: a lower non-zero temperature is raised to it
 SEED_RANGE = 2**63  # vLLM seeds are int64
@@ -124,8 +124,7 @@ class VLLMEngine:
         stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
         k = params.top_logprobs
 
-        if params.seeds is not None and len(params.seeds) != len(prompt_ids):
-            raise ValueError(f"{len(params.seeds)} seeds for {len(prompt_ids)} prompts: need one per prompt")
+        check_seeds(params, len(prompt_ids))
 
         def seed(i: int) -> int | None:
             if params.seeds is not None:  # the prompt's own seed; its greedy copies (i % per_prompt) agree anyway
