@@ -326,6 +326,8 @@ OUT_OF_RANGE = [
     ("stack.log_keeper.every_s=0", "stack.log_keeper.every_s: must be > 0 and <= 3600 (got 0)"),
     ("stack.log_keeper.min_age_s=-1", "stack.log_keeper.min_age_s: must be >= 0 and <= 86400 (got -1)"),
     ("stack.log_keeper.target_bytes=1000", "stack.log_keeper.target_bytes: must be >= 1024 and <= 67108864 (got 1000)"),
+    ("stack.log_keeper.settled_after_s=-1", "stack.log_keeper.settled_after_s: must be >= 0 and <= 86400 (got -1)"),
+    ("stack.log_keeper.settled_bytes=68000000", "stack.log_keeper.settled_bytes: must be >= 1024 and <= 67108864 (got 68000000)"),
     ("stack.log_keeper.min_run=1", "stack.log_keeper.min_run: must be >= 2 (got 1)"),
     # not finite
     ("trainer.lr=.inf", "trainer.lr: must be a finite number (got inf)"),

@@ -99,6 +99,12 @@ class LogKeeperConfig(Section):
     age: a merge stops at a batch that does not follow the one before it."""
     target_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
     """Size of a merged object (a fetch returns at least one whole object)."""
+    settled_after_s: float = Field(120.0, ge=0, le=86400)
+    """Objects older than this are settled: the readers at the log's tail are past them, and the
+    keeper merges them again, into objects of up to `settled_bytes`."""
+    settled_bytes: int = Field(16 << 20, ge=1024, le=64 << 20)
+    """Size of a merged settled object: a partition that grows by a GiB an hour keeps ~64 of them,
+    not ~1,000 objects of `target_bytes`, each listed by every fetch."""
     min_run: int = Field(8, ge=2)
     """A partition is rolled up once it holds at least this many small old objects."""
 

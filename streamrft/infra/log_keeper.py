@@ -8,7 +8,10 @@ a few thousand requests answers fetches slower and slower; past ~15,000 a consum
 third process) and, every `every_s`, merges each run of older small objects of a partition into
 objects of up to `target_bytes` (`segments.merge`: every record's offset, timestamp, key, value and
 headers kept), so a partition holds about bytes / `target_bytes` objects however many requests
-wrote it. Only objects older than `min_age_s` are touched, and a merge stops at a batch that does
+wrote it. Objects older than `settled_after_s` are merged once more, into objects of up to
+`settled_bytes`: an hour of a fast loop's rollouts is a few hundred MiB a partition, and at 1 MiB
+each its fetches listed 330 objects (docs/broker-growth.md). Such a merge waits until its settled
+objects make one of at least half `settled_bytes`, so a byte is rewritten once in that tier. Only objects older than `min_age_s` are touched, and a merge stops at a batch that does
 not follow the one before it: the broker writes a batch's object after giving it its offsets, so a
 neighbour may still be missing (`offset_gaps.py`), and no merged object may span its hole.
 
@@ -83,10 +86,12 @@ class LogKeeper:
 
     def __init__(self, client, bucket: str = "tansu", min_age_s: float = DEFAULTS.min_age_s,
                  target_bytes: int = DEFAULTS.target_bytes, min_run: int = DEFAULTS.min_run,
-                 cluster: str = CLUSTER, journal: str = PENDING):
+                 cluster: str = CLUSTER, journal: str = PENDING,
+                 settled_after_s: float = DEFAULTS.settled_after_s, settled_bytes: int = DEFAULTS.settled_bytes):
         self.client, self.bucket, self.journal = client, bucket, journal
         self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="log-keeper")
         self.min_age_s, self.target_bytes, self.min_run = min_age_s, target_bytes, min_run
+        self.settled_after_s, self.settled_bytes = settled_after_s, max(settled_bytes, target_bytes)
         self.root = f"clusters/{cluster}/topics/"
         self.stats = KeeperStats()
 
@@ -141,35 +146,57 @@ class LogKeeper:
         count after it."""
         now = time.time() if now is None else now
         objs = self.objects(prefix) if objs is None else objs
-        small = self.target_bytes // 2
-        run: list[_Obj] = []
-        runs: list[list[_Obj]] = []
-        # The first and the newest objects are never touched. The broker answers ListOffsets
-        # EARLIEST with the object of the oldest last-modified time, and a merged object is new:
-        # merging the first away would move every new consumer group's start (and `read_topic`'s)
-        # past the records before it. The broker's next write lands after the newest.
-        size = 0  # of `run`
-        for o in objs[1:-1]:
-            if o.size >= small or now - o.modified < self.min_age_s:
-                if len(run) > 1:
-                    runs.append(run)
-                run, size = [], 0
-                if now - o.modified < self.min_age_s:
-                    break  # everything after it is younger still (offsets are given in time order)
-                continue
-            if run and size + o.size > self.target_bytes:
-                runs.append(run)
-                run, size = [], 0
-            run.append(o)
-            size += o.size
-        if len(run) > 1:
-            runs.append(run)
-        if sum(len(r) for r in runs) < self.min_run:
-            return len(objs)
+        runs = self.plan(objs, now)
         left = len(objs)
         for r in runs:
             left -= self._merge_run(r)
         return left
+
+    def plan(self, objs: list[_Obj], now: float) -> list[list[_Obj]]:
+        """The runs of a partition's objects (in offset order) that one pass merges.
+
+        The first and the newest objects are never touched. The broker answers ListOffsets
+        EARLIEST with the object of the oldest last-modified time, and a merged object is new:
+        merging the first away would move every new consumer group's start (and `read_topic`'s)
+        past the records before it. The broker's next write lands after the newest.
+
+        Two tiers: small objects merge into objects of up to `target_bytes`, once a partition has
+        `min_run` of them; merged objects older than `settled_after_s` merge again into objects of
+        up to `settled_bytes`, once there are enough of them to make one of at least half that (so a
+        byte is rewritten once in that tier, not each time a settled neighbour joins it)."""
+        small: list[list[_Obj]] = []
+        settled: list[list[_Obj]] = []
+        run: list[_Obj] = []
+        size, limit = 0, 0  # of `run`, and the size its tier merges up to
+
+        def close():
+            if len(run) < 2:
+                return
+            if limit == self.target_bytes:
+                small.append(run)
+            elif size >= self.settled_bytes // 2:
+                settled.append(run)
+
+        for o in objs[1:-1]:
+            age = now - o.modified
+            if age < self.min_age_s:
+                break  # everything after it is younger still (offsets are given in time order)
+            if o.size < self.target_bytes // 2:
+                tier = self.target_bytes
+            elif o.size < self.settled_bytes // 2 and age >= self.settled_after_s:
+                tier = self.settled_bytes
+            else:
+                tier = 0  # full in its tier, or not settled yet: left as it is
+            if not tier or (run and (tier != limit or size + o.size > limit)):
+                close()
+                run, size = [], 0
+            if tier:
+                run.append(o)
+                size, limit = size + o.size, tier
+        close()
+        if sum(len(r) for r in small) < self.min_run:
+            small = []
+        return sorted(small + settled, key=lambda r: r[0].base)
 
     def finish_pending(self) -> None:
         """Delete the copies a roll-up interrupted between its write and its delete left (its journal)."""
@@ -278,10 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-age-s", type=float, default=DEFAULTS.min_age_s)
     ap.add_argument("--target-bytes", type=int, default=DEFAULTS.target_bytes)
     ap.add_argument("--min-run", type=int, default=DEFAULTS.min_run)
+    ap.add_argument("--settled-after-s", type=float, default=DEFAULTS.settled_after_s)
+    ap.add_argument("--settled-bytes", type=int, default=DEFAULTS.settled_bytes)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s log-keeper %(levelname)s %(message)s")
     keeper = LogKeeper(Minio(args.s3, access_key=S3_KEY, secret_key=S3_KEY, secure=False), args.bucket,
-                       args.min_age_s, args.target_bytes, args.min_run)
+                       args.min_age_s, args.target_bytes, args.min_run,
+                       settled_after_s=args.settled_after_s, settled_bytes=args.settled_bytes)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

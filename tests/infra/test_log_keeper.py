@@ -161,3 +161,82 @@ def test_the_rest_after_a_pass_grows_with_its_listing_not_its_merging():
     assert rest_after(KeeperStats(list_s=2.0), every_s=5.0) == DUTY_REST * 2.0  # many topics: a longer rest
     merged_long = KeeperStats(list_s=0.2, merged_objects=7161)  # a pass that merged for minutes
     assert rest_after(merged_long, every_s=5.0) == 5.0
+
+
+def _objs(*spec: tuple[int, float]) -> list:
+    """Objects of (size in KiB, age in s), at offsets 0, 10, 20, ..."""
+    from streamrft.infra.log_keeper import _Obj
+
+    return [_Obj(f"p/records/{10 * i:020d}.batch", 10 * i, kib << 10, 1000.0 - age) for i, (kib, age) in enumerate(spec)]
+
+
+def _bases(runs) -> list[list[int]]:
+    return [[o.base for o in r] for r in runs]
+
+
+def test_a_pass_merges_small_objects_into_the_target_and_settled_ones_into_the_settled_size():
+    keeper = LogKeeper(None, min_age_s=3, target_bytes=1 << 20, min_run=2, settled_after_s=120, settled_bytes=4 << 20)
+    # first | three small, old | two full 1 MiB, not settled yet | young small | newest
+    objs = _objs((100, 500), (100, 50), (100, 40), (100, 30), (1024, 100), (1024, 90), (100, 1), (5, 0))
+    assert _bases(keeper.plan(objs, now=1000.0)) == [[10, 20, 30]]
+    # the same 1 MiB objects once settled: a run of 2 MiB makes half of 4 MiB, so it merges
+    objs = _objs((100, 500), (1024, 300), (1024, 200), (100, 1), (5, 0))
+    assert _bases(keeper.plan(objs, now=1000.0)) == [[10, 20]]
+    # settled objects of 1,400 and 600 KiB: under 2 MiB together, so they wait for more
+    objs = _objs((100, 500), (1400, 300), (600, 200), (5, 0))
+    assert keeper.plan(objs, now=1000.0) == []
+    # settled runs stop at 4 MiB; a small object between them breaks the tier; a 2 MiB one is full
+    objs = _objs((100, 500), (1500, 400), (1500, 390), (1500, 380), (1500, 370), (200, 360), (300, 350),
+                 (2048, 340), (1500, 330), (1500, 320), (5, 0))
+    assert _bases(keeper.plan(objs, now=1000.0)) == [[10, 20], [30, 40], [50, 60], [80, 90]]
+    # fewer small objects than min_run: only the settled run merges
+    keeper.min_run = 3
+    assert _bases(keeper.plan(objs, now=1000.0)) == [[10, 20], [30, 40], [80, 90]]
+
+
+def test_settled_objects_merge_again_and_every_record_reads_back_in_order(stack, namespace):
+    kafka = stack.kafka.model_copy(update={"partitions": 1})
+    topic = topic_name(namespace, "experiences")
+    ensure_topics(kafka, {topic: run_topics(kafka, namespace)[topic]})
+    producer = make_producer(kafka)
+    for i in range(7):  # one 600 KB record a request: full 1 MiB-tier objects, which the stack's keeper
+        # leaves alone until settled, and then until they make 8 MiB
+        producer.produce(topic, key=b"k", value=b"%06d" % i + bytes([i]) * 600_000)
+        flush_or_raise(producer)
+    client = _tansu(stack)
+    names = sorted(_objects(client, topic)[0])
+    assert len(names) == 7
+    keeper = LogKeeper(client, journal=f"test-journals/{namespace}.json", min_age_s=0, settled_after_s=0,
+                       settled_bytes=4 << 20)
+    prefix = names[0][:names[0].index("/records/") + len("/records/")]
+    assert keeper.roll_up(prefix, now=time.time() + 1) == 3
+    # the first and the newest stay; the five between are one object of ~3 MB
+    assert sorted(_objects(client, topic)[0]) == [names[0], names[1], names[6]]
+    got = read_topic(kafka, topic, deadline_s=60)
+    assert [(m.offset(), m.value()[:6]) for m in got] == [(i, b"%06d" % i) for i in range(7)]
+    assert all(m.value()[6:] == bytes([i]) * 600_000 for i, m in enumerate(got))
+    # and through aiokafka, as faust reads (its default: 1 MiB a partition a fetch; the broker hands
+    # over the whole ~3 MB object, as Kafka does a batch larger than the limit)
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition as AioPartition
+
+    async def read_all() -> list:
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False,
+                                    max_partition_fetch_bytes=1 << 20)
+        await consumer.start()
+        try:
+            tp = AioPartition(topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            out: list = []
+            deadline = time.monotonic() + 60
+            while len(out) < 7 and time.monotonic() < deadline:
+                for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
+                    out.extend(records)
+            return out
+        finally:
+            await consumer.stop()
+
+    got = asyncio.run(read_all())
+    assert [(m.offset, m.value[:6]) for m in got] == [(i, b"%06d" % i) for i in range(7)]
