@@ -17,7 +17,10 @@ percentile `--p99` s), a realistic slow tool. Variants:
 - `synchronous`: the same with `trainer.max_staleness: 0` (on-policy: explorers wait for every
   version, so nothing overlaps training);
 - `admitted`: `per_episode` with `explorer.publish_order: admitted` (finished groups published in
-  the order they were admitted, so fast tasks do not fill the trainer's batches first).
+  the order they were admitted, so fast tasks do not fill the trainer's batches first);
+- `bounded`: `per_episode` with the importance weight bounded on both sides: `ppo` with dual clip
+  `clip_c: 3` (verl's value) and `iw_band: 2` (tokens whose ratio leaves [0.5, 2] dropped, as
+  AReaL's behaviour-weight cap and slime's ICE-POP).
 
 `per_episode@256` (or `synchronous@256`) is that variant with 256 episodes in flight instead of
 `--in-flight`.
@@ -73,7 +76,9 @@ def variant(name: str, a, seed: int = 0) -> list[str]:
     return seeds + {"lockstep": [env, "explorer.scheduling=lockstep"],
                     "per_episode": per_episode,
                     "synchronous": [*per_episode, "trainer.max_staleness=0"],
-                    "admitted": [*per_episode, "explorer.publish_order=admitted"]}[base]
+                    "admitted": [*per_episode, "explorer.publish_order=admitted"],
+                    "bounded": [*per_episode, "algorithm.policy_loss={type: ppo, params: {clip_c: 3.0, iw_band: 2.0}}"],
+                    }[base]
 
 
 def run_variant(name: str, overrides: list[str], a, prepared, work: Path) -> dict:
@@ -117,12 +122,20 @@ def _from_tensorboard(out_dir: str, t_roles: float) -> dict:
         made.setdefault(int(e.value), e.wall_time - t_roles)
     evals = [(int(v.value), r.value) for v, r in zip(acc.Scalars("eval/version"), acc.Scalars("eval/eval_reward"))] \
         if "eval/version" in tags else []
+    mean = lambda tag: (sum(e.value for e in acc.Scalars(tag)) / len(acc.Scalars(tag))  # noqa: E731
+                        if tag in tags and acc.Scalars(tag) else float("nan"))
+    published = [acc.Scalars(t)[-1].value for t in tags if re.fullmatch(r"explorer/\d+/published_turns_3p", t)]
+    # episodes of 3+ model turns: their share of the trainer's batches (mean over steps) against
+    # their share of what the explorers published, and their mean staleness against 1-turn ones'
+    lengths = {"long_trained": mean("trainer/turns_3p"),
+               "long_published": sum(published) / len(published) if published else float("nan"),
+               "stale_long": mean("trainer/staleness_turns_3p"), "stale_short": mean("trainer/staleness_turns_1")}
     stages: dict[str, float] = {}
     for tag in tags:  # each explorer's last cumulative value of each stage, summed over explorers
         m = re.fullmatch(r"explorer/\d+/(\w+_s)", tag)
         if m:
             stages[m.group(1)] = stages.get(m.group(1), 0.0) + acc.Scalars(tag)[-1].value
-    return {"made": made, "evals": evals, "stages": stages}
+    return {"made": made, "evals": evals, "stages": stages, **lengths}
 
 
 def summarise(r: dict, target: float) -> dict:
@@ -140,7 +153,8 @@ def summarise(r: dict, target: float) -> dict:
             "final_eval": float(r["final"].get("eval_reward_end", "nan")),
             "traj_per_s": int(r["final"].get("trajectories", 0)) / max(float(r["final"].get("wall_s", 1)), 1e-9),
             "versions": int(r["final"].get("versions", 0)),
-            "generate": generate / wall, "env": st.get("env_s", 0.0) / wall, "idle": 1 - generate / wall}
+            "generate": generate / wall, "env": st.get("env_s", 0.0) / wall, "idle": 1 - generate / wall,
+            **{k: r[k] for k in ("long_trained", "long_published", "stale_long", "stale_short")}}
 
 
 def run_label(name: str, r: int, repeats: int) -> str:
@@ -190,13 +204,15 @@ def main() -> int:
             runs[name].append(summarise(result, a.target))
     budget = a.minutes * 60
     print(f"\n{'variant':16} {'to eval ' + str(a.target):>12} {'at':>5} {'best':>6} {'final':>6} {'traj/s':>7} "
-          f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6} {'fall':>6}")
+          f"{'versions':>8} {'generate':>9} {'tools':>6} {'idle':>6} {'fall':>6} {'3+ turns':>15} {'stale 1/3+':>11}")
     for name, rs in runs.items():
         for r, s in enumerate(rs, start=a.first_repeat):
             t = "-" if s["to_target"] is None else f"{s['to_target']:.0f} s"
             print(f"{run_label(name, r, a.repeats):16} {t:>12} {'-' if s['at'] is None else 'v' + str(s['at']):>5} {s['best']:6.3f} "
                   f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
-                  f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}% {'-' if s['fall'] is None else format(s['fall'], '.3f'):>6}")
+                  f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}% {'-' if s['fall'] is None else format(s['fall'], '.3f'):>6} "
+                  f"{100 * s['long_trained']:5.1f}% of {100 * s['long_published']:4.1f}% "
+                  f"{s['stale_short']:5.2f}/{s['stale_long']:4.2f}")
     medians = {name: median_to_target(rs) for name, rs in runs.items()}
     if a.repeats > 1:
         print(f"\nmedians over {a.repeats} repeats (a run that never reached eval {a.target} counts as later than "
@@ -220,11 +236,14 @@ def main() -> int:
             print(f"{name} / per_episode, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
                   + (f"{other / ref:.2f}x" if other else f"> {budget / ref:.2f}x (never reached it)"))
     sync = medians.get("synchronous")
-    for name in (n for n in medians if n.split("@")[0] == "admitted" and medians[n]):
+    for name in (n for n in medians if n.split("@")[0] in ("admitted", "bounded") and medians[n]):
         print(f"synchronous / {name}, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
               + (f"{sync / medians[name]:.2f}x" if sync else f"> {budget / medians[name]:.2f}x (synchronous never reached it)"))
     print("'generate': the engines' share of the explorers' time sampling, loading weights and evaluating; "
-          "'tools': waiting for environment steps with nothing to generate; 'idle': all but 'generate'.")
+          "'tools': waiting for environment steps with nothing to generate; 'idle': all but 'generate'. "
+          "'3+ turns': episodes of 3 or more model turns, their mean share of the trainer's batches of their "
+          "share of what the explorers published; 'stale 1/3+': the mean staleness of 1-turn and 3+-turn "
+          "episodes in the batches.")
     if not a.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0

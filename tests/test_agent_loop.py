@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from streamrft.config import load_config
+from streamrft.engine.algorithms.offpolicy import LENGTH_BUCKETS
 from streamrft.infra.kafka import committed_offsets
 from streamrft.schemas import ExperienceGroup, Metric, RolloutGroup, decode, topic_name
 from tests_helpers import read_all, stack_overrides, trainer_version
@@ -110,6 +111,11 @@ def test_a_short_agent_run_accounts_for_every_trajectory(stack, tmp_path, workfl
     if scheduling == "per_episode":  # the explorers report what publishing in admission order held back
         explorers = [decode(m.value(), Metric).values for m in read_all(kafka, topic_name(ns, "metrics"))]
         assert any("groups_held" in v and "groups_waited_out" in v for v in explorers), "no release-order counts"
+        # episodes by length, as published (explorers) and as trained (trainer): shares that sum to 1
+        published = [sum(v[f"published_{k}"] for k in LENGTH_BUCKETS) for v in explorers if "published_turns_1" in v]
+        trained = [sum(v[k] for k in LENGTH_BUCKETS) for v in explorers if "turns_1" in v]
+        assert published and trained, "no length mix reported"
+        assert any(abs(x - 1) < 1e-6 for x in published) and all(abs(x - 1) < 1e-6 for x in trained)
 
     # what the explorers produced is the workflow's shape
     rollouts_topic = topic_name(ns, "rollouts", cfg.explorer.team)

@@ -24,7 +24,7 @@ import torch
 from streamrft.config import RunConfig
 from streamrft.consumers.batch import Batch, collate, micro_batches, token_logprobs
 from streamrft.consumers.sft_mix import sft_loss
-from streamrft.engine.algorithms.offpolicy import OffPolicyStats, staleness_shares
+from streamrft.engine.algorithms.offpolicy import OffPolicyStats, length_mix, model_turns, staleness_shares
 from streamrft.engine.precision import usable_autocast
 
 CLIPPED_LOSSES = ("ppo", "decoupled_ppo")  # losses whose clip_low / clip_high are token ratio bounds
@@ -169,7 +169,8 @@ class UpdateLoop:
         metrics.update(reward_mean=float(batch.rewards.mean()), staleness_mean=sum(staleness) / len(staleness),
                        staleness_max=float(max(staleness)), samples=float(len(batch)),
                        response_len=float(batch.mask.sum() / len(batch)),
-                       **staleness_shares(staleness), **self._offpolicy.result())
+                       **staleness_shares(staleness), **self._offpolicy.result(),
+                       **length_mix([model_turns(t.mask()) for t, _, _ in samples], staleness))
         return metrics
 
     def _logprobs(self, batch: Batch, temperature: float, autocast, device) -> torch.Tensor:

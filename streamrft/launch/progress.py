@@ -24,13 +24,18 @@ def stale_pct(trained: int, stale: int) -> float:
 def off_policy_part(t: dict[str, float]) -> str:
     """The profile's off-policy figures from the trainer's last step (`engine/algorithms/offpolicy.py`):
     its staleness mix, the importance weight (mean, max, effective sample size), the clipped shares
-    of positive- and negative-advantage tokens and of first turns, and the groups dropped stale
-    (run total; a group is dropped whole)."""
+    of positive- and negative-advantage tokens and of first turns, the groups dropped stale (run
+    total; a group is dropped whole), and for multi-turn batches their episodes by length (model
+    turns 1/2/3+) with each length's mean staleness."""
     pct = lambda k: f"{100 * t[k]:.0f}%" if k in t else "-"  # noqa: E731
     return (f"off-policy stale 0/1/2+ {pct('staleness_0')}/{pct('staleness_1')}/{pct('staleness_2p')} "
             f"iw {t['iw_mean']:.2f} max {t.get('iw_max', float('nan')):.1f} ess {t.get('iw_ess', float('nan')):.2f} "
             f"clip +{pct('clip_frac_pos')} -{pct('clip_frac_neg')} turn0 {pct('clip_frac_turn0')} "
-            f"neg>c {pct('neg_iw_over_c')} groups dropped stale {int(t.get('count_stale_groups', 0))}")
+            f"neg>c {pct('neg_iw_over_c')} groups dropped stale {int(t.get('count_stale_groups', 0))}"
+            + (f" turns 1/2/3+ {pct('turns_1')}/{pct('turns_2')}/{pct('turns_3p')} stale "
+               + "/".join(f"{t[f'staleness_{k}']:.1f}" if f"staleness_{k}" in t else "-"
+                          for k in ("turns_1", "turns_2", "turns_3p"))
+               if t.get("turns_1", 1.0) < 1.0 else ""))
 
 
 @dataclass

@@ -39,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from streamrft.engine.algorithms.offpolicy import LENGTH_BUCKETS, length_bucket, model_turns
 from streamrft.infra.kafka import flush_or_raise
 from streamrft.producers.admission import explorer_share
 from streamrft.producers.release_order import ReleaseOrder
@@ -67,6 +68,8 @@ class EpisodeLoop:
         self.unacked = 0
         ex = explorer.cfg.explorer
         self.order = ReleaseOrder(ex.publish_wait_s if ex.publish_order == "admitted" else None)
+        # episodes published, by length: what the trainer's batches are compared with (`length_mix`)
+        self.lengths = dict.fromkeys(LENGTH_BUCKETS, 0)
 
     def run(self) -> None:
         asyncio.run(self._main())
@@ -213,6 +216,8 @@ class EpisodeLoop:
             x.stats["trajectories"] += trajectories
 
         t0 = time.monotonic()
+        for t in group.trajectories:
+            self.lengths[length_bucket(model_turns(t.mask()))] += 1
         self.unacked += 1
         x.producer.produce(x.topic, key=group.group_id.encode(), value=encode(group), on_delivery=acked)
         self.busy["publish_busy_s"] += time.monotonic() - t0
@@ -232,4 +237,5 @@ class EpisodeLoop:
         self.x.progress(self.run_state, slots, generated, dropped, **self.busy,
                         episodes_in_flight=self.sched.episodes_in_flight, env_in_flight=self.sched.env_in_flight,
                         generate_calls=self.sched.stats["generate_calls"], groups_held=self.order.held(),
-                        groups_overtaking=self.order.overtook, groups_waited_out=self.order.waited_out)
+                        groups_overtaking=self.order.overtook, groups_waited_out=self.order.waited_out,
+                        **{f"published_{k}": v / max(1, sum(self.lengths.values())) for k, v in self.lengths.items()})

@@ -34,3 +34,6 @@ def test_the_profile_shows_how_off_policy_the_last_batch_was():
                  "clip_frac_turn0": 0.1, "neg_iw_over_c": 0.004, "count_stale_groups": 3}
     assert v.profile().endswith("| off-policy stale 0/1/2+ 25%/75%/0% iw 1.04 max 3.6 ess 0.91 clip +2% -5% "
                                 "turn0 10% neg>c 0% groups dropped stale 3")
+    # a multi-turn batch adds its episodes by length and each length's mean staleness
+    v.trainer.update(turns_1=0.5, turns_2=0.0, turns_3p=0.5, staleness_turns_1=0.3, staleness_turns_3p=1.5)
+    assert v.profile().endswith("groups dropped stale 3 turns 1/2/3+ 50%/0%/50% stale 0.3/-/1.5")

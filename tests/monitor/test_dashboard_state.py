@@ -119,7 +119,9 @@ def test_off_policy_series_takes_the_trainer_metrics_that_carry_it():
     with s.lock:
         s.on_metric(Metric(role="trainer", role_id="t", step=1, values={"reward_mean": 0.5}, created_at=10.0))
         s.on_metric(Metric(role="trainer", role_id="t", step=2, values={"reward_mean": 0.5, "iw_mean": 1.25,
-                                                                         "clip_frac_neg": 0.5}, created_at=11.0))
+                                                                         "clip_frac_neg": 0.5, "turns_3p": 0.25},
+                                  created_at=11.0))
     out = s.summary()["off_policy"]
     assert out["names"][0] == "iw_mean" and out["names"][4] == "clip_frac_neg"
-    assert out["points"] == [(11.0, 2, 1.25, None, None, None, 0.5, None, None, None)]
+    assert out["names"][8:] == ["turns_3p", "staleness_turns_3p"]
+    assert out["points"] == [(11.0, 2, 1.25, None, None, None, 0.5, None, None, None, 0.25, None)]

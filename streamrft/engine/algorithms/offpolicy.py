@@ -17,7 +17,10 @@ batch, w is exactly how far the trainer's policy has moved from the one that pla
   model turn they belong to (a turn: a run of scored tokens in a row; environment tokens between
   turns are not scored), so a first action clipped in stale episodes is not diluted by fresh turns.
 A share whose tokens are absent is left out (not 0). `staleness_shares` is the batch's staleness
-distribution by sample.
+distribution by sample. `length_mix` is its mix of episode lengths (model turns: 1, 2, 3 or more)
+and each length's mean staleness: with episodes one by one, long episodes finish last, so a batch
+in finish order holds fewer of them than were admitted, and staler (issue 53, cause 1). The
+explorers report the same mix over what they published (`published_turns_*`) to compare it with.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import torch
 
 MAX_LOG_RATIO = 20.0
 TURN_BUCKETS = ("turn0", "turn1", "turn2p")
+LENGTH_BUCKETS = ("turns_1", "turns_2", "turns_3p")
 
 
 def turn_index(mask: torch.Tensor) -> torch.Tensor:
@@ -94,3 +98,29 @@ def staleness_shares(staleness: list[int]) -> dict[str, float]:
         return {}
     return {"staleness_0": sum(s <= 0 for s in staleness) / n, "staleness_1": sum(s == 1 for s in staleness) / n,
             "staleness_2p": sum(s >= 2 for s in staleness) / n}
+
+
+def model_turns(mask: list[int]) -> int:
+    """How many model turns an episode's loss mask (of 0s and 1s) holds: its runs of 1s (0 for none)."""
+    b = bytes(mask)  # counted in C: explorers count every episode they publish
+    return b.count(b"\x00\x01") + (b[:1] == b"\x01")
+
+
+def length_bucket(turns: int) -> str:
+    """`turns_1` (none or one), `turns_2`, `turns_3p`."""
+    return LENGTH_BUCKETS[min(max(turns, 1), 3) - 1]
+
+
+def length_mix(turns: list[int], staleness: list[int]) -> dict[str, float]:
+    """The batch's samples by episode length (`turns_1` ...: shares) and each length's mean staleness
+    (`staleness_turns_1` ...; a length the batch lacks is left out)."""
+    n = len(turns)
+    if not n:
+        return {}
+    out: dict[str, float] = {}
+    for bucket in LENGTH_BUCKETS:
+        ages = [s for t, s in zip(turns, staleness) if length_bucket(t) == bucket]
+        out[bucket] = len(ages) / n
+        if ages:
+            out[f"staleness_{bucket}"] = sum(ages) / len(ages)
+    return out

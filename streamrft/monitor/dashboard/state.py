@@ -22,7 +22,7 @@ STALENESS_MAX = 20000  # recent (scored_at, model_version) pairs the histogram i
 TRAINER_TIMINGS = ("wait_s", "step_s", "publish_s", "loop_latency_s")
 # how off-policy each batch was (`engine/algorithms/offpolicy.py`)
 OFF_POLICY = ("iw_mean", "iw_max", "iw_ess", "clip_frac_pos", "clip_frac_neg", "neg_iw_over_c", "clip_frac_turn0",
-              "staleness_mean")
+              "staleness_mean", "turns_3p", "staleness_turns_3p")
 
 
 def consumer_lag(seen: dict[tuple[str, int], int], committed: dict[str, dict[tuple[str, int], int]]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from streamrft.engine.algorithms.offpolicy import OffPolicyStats, staleness_shares, turn_index
+from streamrft.engine.algorithms.offpolicy import OffPolicyStats, length_mix, model_turns, staleness_shares, turn_index
 
 
 def test_turn_index_counts_runs_of_scored_tokens():
@@ -62,3 +62,21 @@ def test_token_advantages_and_an_empty_batch():
 def test_staleness_shares():
     assert staleness_shares([0, 1, 1, 3]) == {"staleness_0": 0.25, "staleness_1": 0.5, "staleness_2p": 0.25}
     assert staleness_shares([]) == {}
+
+
+def test_model_turns_counts_runs_of_ones_as_turn_index_does():
+    for mask in ([1, 1, 0, 1, 1, 0, 1], [0, 1, 0, 0, 0, 0, 0], [0, 0], [], [1], [0, 1, 1, 0, 1, 0]):
+        want = int(turn_index(torch.tensor([mask or [0]])).max()) + 1
+        assert model_turns(mask) == want, mask
+    assert model_turns([1, 0, 1, 0, 1, 1, 0, 1]) == 4
+
+
+def test_length_mix_shares_and_staleness_by_episode_length():
+    # five samples: 1, 1, 2, 4 and 3 turns, 0, 1, 1, 2 and 3 versions stale
+    r = length_mix([1, 1, 2, 4, 3], [0, 1, 1, 2, 3])
+    assert r == pytest.approx({"turns_1": 2 / 5, "turns_2": 1 / 5, "turns_3p": 2 / 5,
+                               "staleness_turns_1": 0.5, "staleness_turns_2": 1.0, "staleness_turns_3p": 2.5})
+    # no two-turn episode: its share is 0, its staleness left out; an empty mask counts as one turn
+    r = length_mix([0, 3], [2, 0])
+    assert r == {"turns_1": 0.5, "turns_2": 0.0, "turns_3p": 0.5, "staleness_turns_1": 2.0, "staleness_turns_3p": 0.0}
+    assert length_mix([], []) == {}
