@@ -236,7 +236,8 @@ def main() -> int:
             print(f"{name} / per_episode, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
                   + (f"{other / ref:.2f}x" if other else f"> {budget / ref:.2f}x (never reached it)"))
     sync = medians.get("synchronous")
-    for name in (n for n in medians if n.split("@")[0] in ("admitted", "bounded") and medians[n]):
+    for name in (n for n in medians if n.split("@")[0] in ("admitted", "bounded") and medians[n]
+                 and "synchronous" in medians):  # only beside a synchronous run
         print(f"synchronous / {name}, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
               + (f"{sync / medians[name]:.2f}x" if sync else f"> {budget / medians[name]:.2f}x (synchronous never reached it)"))
     print("'generate': the engines' share of the explorers' time sampling, loading weights and evaluating; "
