@@ -122,8 +122,7 @@ def _from_tensorboard(out_dir: str, t_roles: float) -> dict:
         made.setdefault(int(e.value), e.wall_time - t_roles)
     evals = [(int(v.value), r.value) for v, r in zip(acc.Scalars("eval/version"), acc.Scalars("eval/eval_reward"))] \
         if "eval/version" in tags else []
-    mean = lambda tag: (sum(e.value for e in acc.Scalars(tag)) / len(acc.Scalars(tag))  # noqa: E731
-                        if tag in tags and acc.Scalars(tag) else float("nan"))
+    mean = lambda tag: statistics.fmean(e.value for e in acc.Scalars(tag)) if tag in tags else float("nan")  # noqa: E731
     published = [acc.Scalars(t)[-1].value for t in tags if re.fullmatch(r"explorer/\d+/published_turns_3p", t)]
     # episodes of 3+ model turns: their share of the trainer's batches (mean over steps) against
     # their share of what the explorers published, and their mean staleness against 1-turn ones'
@@ -236,8 +235,8 @@ def main() -> int:
             print(f"{name} / per_episode, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
                   + (f"{other / ref:.2f}x" if other else f"> {budget / ref:.2f}x (never reached it)"))
     sync = medians.get("synchronous")
-    for name in (n for n in medians if n.split("@")[0] in ("admitted", "bounded") and medians[n]
-                 and "synchronous" in medians):  # only beside a synchronous run
+    for name in (n for n in medians if "synchronous" in medians and n.split("@")[0] in ("admitted", "bounded")
+                 and medians[n]):
         print(f"synchronous / {name}, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
               + (f"{sync / medians[name]:.2f}x" if sync else f"> {budget / medians[name]:.2f}x (synchronous never reached it)"))
     print("'generate': the engines' share of the explorers' time sampling, loading weights and evaluating; "

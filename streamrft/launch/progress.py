@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import TopicPartition
 
 from streamrft.config import KafkaConfig
+from streamrft.engine.algorithms.offpolicy import LENGTH_BUCKETS
 from streamrft.infra.kafka import make_consumer
 from streamrft.schemas import DecodeError, Metric, decode, topic_name
 
@@ -32,9 +33,8 @@ def off_policy_part(t: dict[str, float]) -> str:
             f"iw {t['iw_mean']:.2f} max {t.get('iw_max', float('nan')):.1f} ess {t.get('iw_ess', float('nan')):.2f} "
             f"clip +{pct('clip_frac_pos')} -{pct('clip_frac_neg')} turn0 {pct('clip_frac_turn0')} "
             f"neg>c {pct('neg_iw_over_c')} groups dropped stale {int(t.get('count_stale_groups', 0))}"
-            + (f" turns 1/2/3+ {pct('turns_1')}/{pct('turns_2')}/{pct('turns_3p')} stale "
-               + "/".join(f"{t[f'staleness_{k}']:.1f}" if f"staleness_{k}" in t else "-"
-                          for k in ("turns_1", "turns_2", "turns_3p"))
+            + (f" turns 1/2/3+ {'/'.join(pct(k) for k in LENGTH_BUCKETS)} stale "
+               + "/".join(f"{t[f'staleness_{k}']:.1f}" if f"staleness_{k}" in t else "-" for k in LENGTH_BUCKETS)
                if t.get("turns_1", 1.0) < 1.0 else ""))
 
 

@@ -234,8 +234,9 @@ class EpisodeLoop:
         if time.monotonic() - self.run_state.last_metric <= 5 or not slots:
             return
         self._stages()
+        published = max(1, sum(self.lengths.values()))
         self.x.progress(self.run_state, slots, generated, dropped, **self.busy,
                         episodes_in_flight=self.sched.episodes_in_flight, env_in_flight=self.sched.env_in_flight,
                         generate_calls=self.sched.stats["generate_calls"], groups_held=self.order.held(),
                         groups_overtaking=self.order.overtook, groups_waited_out=self.order.waited_out,
-                        **{f"published_{k}": v / max(1, sum(self.lengths.values())) for k, v in self.lengths.items()})
+                        **{f"published_{k}": v / published for k, v in self.lengths.items()})
