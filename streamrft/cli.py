@@ -224,10 +224,15 @@ def cmd_dashboard(args) -> int:
     from streamrft.config import load_config
     from streamrft.monitor.dashboard import serve
 
-    cfg = load_config(args.config, args.overrides)
-    if cfg.stack.embedded:
-        cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
-    return serve(cfg, args.namespace, args.host, args.port)
+    # `streamrft dashboard A.yaml B.yaml [key=value ...]`: the overrides go to A, the run shown in full;
+    # B's rewards and evals are overlaid on A's
+    others = [a for a in args.overrides if "=" not in a]
+    cfg = load_config(args.config, [a for a in args.overrides if "=" in a])
+    compare = [load_config(path, []) for path in others]
+    for c in (cfg, *compare):
+        if c.stack.embedded:
+            c.kafka, c.s3 = resolve_clients(c.stack, c.kafka, c.s3)
+    return serve(cfg, args.namespace, args.host, args.port, compare)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("topics", help="create the run's topics if missing (idempotent) and list them")
     _config_args(p)
     p.set_defaults(fn=cmd_topics)
-    p = sub.add_parser("dashboard", help="serve the live web page of a run (charts, trajectories, dead letters)")
+    p = sub.add_parser("dashboard", help="serve the live web page of a run (charts, trajectories, dead letters); "
+                       "more configs after the first overlay their runs' rewards and evals")
     _config_args(p)
     p.add_argument("--namespace", default=None, help="the run's namespace (default: the config's; "
                    "`streamrft run` names its runs <namespace>-<date>-<time>)")

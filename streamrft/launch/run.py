@@ -112,6 +112,19 @@ def _start_dashboard(cfg: RunConfig):
     return dash
 
 
+def _publish_final(cfg: RunConfig, version: int, final: dict[str, float]):
+    """The `final:` line's figures on the metrics topic (role `run`): the dashboard's "finished".
+    Returns the Metric."""
+    from streamrft.infra.kafka import flush_or_raise, make_producer
+    from streamrft.schemas import Metric, encode, topic_name
+
+    producer = make_producer(cfg.kafka)
+    m = Metric.of_finite("run", "launcher", version, final)
+    producer.produce(topic_name(cfg.namespace, "metrics"), key=b"launcher", value=encode(m))
+    flush_or_raise(producer)
+    return m
+
+
 def _publish_eval(cfg: RunConfig, version: int, reward: float):
     """The launcher's own evals (start and end) on the metrics topic, beside the explorers' ones:
     the dashboard and any later reader see the whole curve. Returns the Metric."""
@@ -256,13 +269,28 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger, stages
     except KeyboardInterrupt:
         print("interrupted: stopping every role", flush=True)
         _stop(procs)
+        if dashboard is not None:
+            dashboard.stop()
         return 130
+    except BaseException:
+        if dashboard is not None:
+            dashboard.stop()
+        raise
     finally:
         _stop(procs)
         if follower is not None:
             follower.close()
+    try:
+        return _finish(cfg, out, t_start, metric_logger, view, eval_start, last_profile, dashboard)
+    finally:
         if dashboard is not None:
             dashboard.stop()
+
+
+def _finish(cfg: RunConfig, out: Path, t_start: float, metric_logger, view, eval_start: float,
+            last_profile: str | None, dashboard) -> int:
+    """The end eval, the curve, the `final:` line, and the same on the metrics topic (role `run`),
+    which the dashboard shows as the run's end before it stops."""
     from streamrft.infra.objectstore import WeightStore
 
     version = WeightStore(cfg.s3).latest_version(cfg.weights_key) or 0
@@ -282,7 +310,13 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger, stages
     from streamrft.launch.progress import stale_pct
 
     trained, stale = int(view.trainer.get("count_trained", 0)), int(view.trainer.get("count_stale", 0))
+    final = {"eval_reward_start": eval_start, "eval_reward_end": eval_end, "versions": version,
+             "trajectories": trajectories, "trained": trained, "stale": stale,
+             "stale_pct": stale_pct(trained, stale), "wall_s": time.monotonic() - t_start}
+    metric_logger.log(_publish_final(cfg, version, final))
+    if dashboard is not None and not dashboard.settle(10.0):
+        print("dashboard: the run's end did not reach every open page within 10 s", flush=True)
     print(f"final: eval_reward_start={eval_start:.3f} eval_reward_end={eval_end:.3f} versions={version} "
-          f"trajectories={trajectories} trained={trained} stale={stale} stale_pct={stale_pct(trained, stale):.1f} "
-          f"wall_s={time.monotonic() - t_start:.0f}", flush=True)
+          f"trajectories={trajectories} trained={trained} stale={stale} stale_pct={final['stale_pct']:.1f} "
+          f"wall_s={final['wall_s']:.0f}", flush=True)
     return 0

@@ -1,10 +1,17 @@
-"""The dashboard in a real browser: a short real multi-turn run on the embedded stack (the agent
-example, a few versions) serves its page (port 0) and prints the URL; a malformed record on its
-rollouts topic becomes a dead letter; then `streamrft dashboard` on the finished run is opened in
-Debian's headless Chromium, which must draw the reward series, list a trajectory with masked
-(environment) tokens and the dead letter with its source offset, and draw a metric produced while
-it is open, without a reload. The screenshot is left in the test's tmp dir
-(`DASHBOARD_SCREENSHOT=path` copies it).
+"""The dashboard in a real browser (Debian's headless Chromium), on the real embedded stack.
+
+1. A short real multi-turn run (the agent example, a few versions) serves its page (port 0) and
+   prints the URL; the page, open from the start, must end saying "finished" with the run's final
+   eval. A malformed record on its rollouts topic becomes a dead letter; then `streamrft dashboard`
+   on the finished run must draw the reward series, list a trajectory with masked (environment)
+   tokens and the dead letter with its source offset, and draw a metric produced while it is open,
+   without a reload. The screenshot is left in the test's tmp dir (`DASHBOARD_SCREENSHOT=path`
+   copies it).
+2. A long run's records (`tests/dashboard_run.py`: 6,000 steps, 12,000 trajectories) on the real
+   broker: the first and last steps are on the charts; typing a filter fast ends with that
+   filter's groups; paging reaches the oldest group; an idle finished page is sent nothing; a push
+   of one new point redraws (its time, measured in the page, is printed); a hidden series stays
+   hidden.
 """
 from __future__ import annotations
 
@@ -73,9 +80,14 @@ def chrome(tmp_path):
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1500,2400", f"--user-data-dir={tmp_path / 'chrome-profile'}"):
         opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, shown on a failure
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     try:
         yield driver
+    except BaseException:
+        for entry in driver.get_log("browser"):
+            print("browser console:", entry.get("level"), entry.get("message"))
+        raise
     finally:
         driver.quit()  # ends chromedriver and every chromium process it started
 
@@ -94,6 +106,7 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         assert "<canvas" in _get(live_url)
         ns = _lines_until(run, re.compile(r"^run (\S+): output"), seen).group(1)
         assert _get(live_url + "api/summary")["namespace"] == ns
+        chrome.get(live_url)  # the page `streamrft run` opened, left open until the run ends
         producer = make_producer(stack.kafka)  # a record no schema accepts: stream ops dead-letter it
         producer.produce(f"{ns}.rollouts.default", key=b"not-a-group", value=b"\xc1 not msgpack")
         flush_or_raise(producer)
@@ -101,7 +114,17 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         rest, _ = run.communicate(timeout=400)
         seen.append(rest)
         assert run.returncode == 0, "".join(seen)[-4000:]
-        assert "final:" in rest
+        final = re.search(r"final: eval_reward_start=\S+ eval_reward_end=(\S+) versions=(\d+)", rest)
+        assert final, rest
+        # the run's end reached the open page before its server stopped: "finished", the final eval
+        assert chrome.find_element("id", "live").text.startswith("finished"), chrome.find_element("id", "live").text
+        shown = chrome.find_element("id", "final").text
+        assert f"→ {float(final.group(1)):.3f}" in shown and f"{final.group(2)} versions" in shown, shown
+        assert "(finished)" in chrome.title and ns in chrome.title
+        end_eval = chrome.execute_script(
+            "const d = window.dashboardCharts['c-reward-version'].data.datasets.find(d => d.label === 'eval (launcher)');"
+            "return d.data.map(p => p.x)")
+        assert end_eval == [0, int(final.group(2))], end_eval  # the start's and the end's, the last included
 
         # the finished run, from its topics alone, as on another machine (no model.path there: the
         # tokenizer comes from the base files in S3): `streamrft dashboard` on its resolved config
@@ -112,7 +135,10 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         url = _lines_until(dash, URL, [], timeout=60).group(1)
         chrome.get(url)
         js = ("const c = window.dashboardCharts['c-reward-time'];"
-              "return c ? c.data.datasets.map(d => d.data.length) : null")
+              "return c ? c.data.datasets.filter(d => !d.isRaw).map(d => d.data.length) : null")
+        evals_js = ("const c = window.dashboardCharts['c-reward-time'];"
+                    "return c.data.datasets.filter(d => d.label.startsWith('eval')).map(d => d.data.length)"
+                    ".reduce((a, b) => a + b, 0)")
         wait_for(lambda: min(chrome.execute_script(js) or [0]) > 0, 60, "the reward chart's train and eval series",
                  every=0.5)
         wait_for(lambda: chrome.find_elements("css selector", ".traj .turn.masked"), 60,
@@ -133,13 +159,13 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
         lag = chrome.execute_script("return window.dashboardCharts['c-lag'].data.labels")
         assert any(label.startswith("trainer") and label.endswith("experiences") for label in lag), lag
         # live, without a reload: a record produced now reaches the open page through the event stream
-        evals = chrome.execute_script(js)[1]
+        evals = chrome.execute_script(evals_js)
         producer = make_producer(stack.kafka)
         late = Metric.of_finite("eval", "test", 99, {"eval_reward": 0.5, "version": 99})
         producer.produce(f"{ns}.metrics", key=b"test", value=encode(late))
         flush_or_raise(producer)
         del producer
-        wait_for(lambda: chrome.execute_script(js)[1] == evals + 1, 30, "the new eval point, live", every=0.5)
+        wait_for(lambda: chrome.execute_script(evals_js) == evals + 1, 30, "the new eval point, live", every=0.5)
         shot = tmp_path / "dashboard.png"
         chrome.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
@@ -147,3 +173,98 @@ def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack
             shutil.copy(shot, os.environ["DASHBOARD_SCREENSHOT"])
     finally:
         stop_all({"run": run, **({"dashboard": dash} if dash else {})})
+
+
+def _dashboard_on(stack, tmp_path, ns: str):
+    from streamrft.config import load_config
+    from streamrft.monitor.dashboard import Dashboard
+
+    cfg = load_config(str(AGENT), [*stack_overrides(stack, tmp_path), f"namespace={ns}"])
+    dash = Dashboard(cfg, port=0)
+    dash.start()
+    return dash
+
+
+def test_a_long_runs_page_keeps_the_whole_run_filters_right_and_sends_nothing_when_idle(stack, tmp_path, chrome):
+    from dashboard_run import write_long_run
+
+    ns = f"dash-long-{os.getpid()}"
+    wrote = write_long_run(stack.kafka, ns)
+    assert wrote["trajectories"] >= 10_000 and wrote["steps"] >= 5_000
+    dash = _dashboard_on(stack, tmp_path, ns)
+    try:
+        wait_for(lambda: dash.state.groups_seen == wrote["groups"] and dash.state.finished is not None, 120,
+                 "the dashboard reading the whole run", every=0.5)
+        chrome.get(dash.url)
+        # the first and the last step are both on the charts (the line is downsampled, never cut)
+        steps_js = ("const c = window.dashboardCharts['c-trainer'];"
+                    "if (!c) return null; const d = c.data.datasets.find(d => d.label === 'step_s' && d.isRaw);"
+                    "return d ? [d.data.length, d.data[0].x, d.data[d.data.length - 1].x] : null")
+        wait_for(lambda: chrome.execute_script(steps_js), 60, "the trainer chart", every=0.5)
+        n, first, last = chrome.execute_script(steps_js)
+        assert (first, last) == (1, wrote["steps"]) and n <= 1000, (n, first, last)
+        versions = chrome.execute_script(
+            "const d = window.dashboardCharts['c-reward-version'].data.datasets.find(d => d.label === 'train reward');"
+            "return [d.data[0].x, d.data[d.data.length - 1].x]")
+        assert versions == [1, wrote["steps"]]
+        assert "finished" in chrome.find_element("id", "live").text and "(finished)" in chrome.title
+
+        # typing a filter fast always ends with that filter's groups (an older answer never wins)
+        box = chrome.find_element("css selector", "#filters [name=min_reward]")
+        for text in ("0.5", "0.75", "0.25"):
+            box.clear()
+            box.send_keys(text)
+            want = [g for g in _get(dash.url + f"api/groups?min_reward={text}&limit=20")["groups"]]
+            wait_for(lambda: chrome.find_element("id", "groups").get_attribute("data-query") == f"min_reward={text}",
+                     30, f"the viewer's answer for >= {text}", every=0.2)
+            shown = [float(e.get_attribute("data-reward-mean"))
+                     for e in chrome.find_elements("css selector", "#groups .group")]
+            assert shown == [g["reward_mean"] for g in want] and min(shown) >= float(text), (text, shown)
+        box.clear()
+        # paging reaches the run's oldest group, read back from the topic by offset
+        total = _get(dash.url + "api/groups?limit=1")["total"]
+        assert total == wrote["groups"]
+        oldest = _get(dash.url + f"api/groups?before=1&limit=1")["groups"]
+        assert oldest[0]["group_id"] == "g0" and len(oldest[0]["trajectories"]) == 8
+        assert any(t["turns"] and not t["turns"][1]["trained"] for t in oldest[0]["trajectories"])
+
+        # an idle finished page is sent nothing: no update, no request, for 30 s
+        time.sleep(3)
+        before = (dash.stats.bytes, chrome.execute_script("return performance.getEntriesByType('resource').length"),
+                  chrome.execute_script("return window.dashboardStats.messages"))
+        time.sleep(30)
+        after = (dash.stats.bytes, chrome.execute_script("return performance.getEntriesByType('resource').length"),
+                 chrome.execute_script("return window.dashboardStats.messages"))
+        assert after == before, (before, after)
+
+        # a hidden series stays hidden through pushes; a push of one new point redraws that chart
+        chrome.execute_script(
+            "const c = window.dashboardCharts['c-trainer'];"
+            "const i = c.data.datasets.findIndex(d => d.label === 'wait_s' && !d.isRaw);"
+            "const item = c.legend.legendItems.find(it => it.datasetIndex === i);"
+            "c.options.plugins.legend.onClick(null, item, c.legend)")
+        perf_before = chrome.execute_script("return window.dashboardPerf.length")
+        producer = make_producer(stack.kafka)
+        producer.produce(f"{ns}.metrics", key=b"trainer", value=encode(Metric(
+            role="trainer", role_id="trainer-100", step=wrote["steps"] + 1,
+            values={"reward_mean": 0.9, "version": wrote["steps"] + 1, "wait_s": 0.2, "step_s": 0.3},
+            created_at=wrote["t_end"] + 2)))
+        flush_or_raise(producer)
+        del producer
+        wait_for(lambda: chrome.execute_script(steps_js)[2] == wrote["steps"] + 1, 30, "the new step, live", every=0.2)
+        hidden = chrome.execute_script("return window.dashboardCharts['c-trainer'].data.datasets"
+                                       ".filter(d => d.label === 'wait_s').map(d => d.hidden)")
+        assert hidden and all(hidden), hidden
+        perf = chrome.execute_script("return window.dashboardPerf.slice(arguments[0])", perf_before)
+        pushed = [p for p in perf if p["points"] > 0]
+        assert pushed and max(p["points"] for p in pushed) <= 4, perf  # the new points only, not the run again
+        print(f"\na push with one new step redrew {pushed[-1]['charts']} charts in {pushed[-1]['ms']:.1f} ms "
+              f"(in the page); {chrome.execute_script('return window.dashboardStats.bytes')} bytes sent to the page "
+              f"in all, the first message (the whole run, downsampled) nearly all of it")
+        chrome.refresh()  # the hidden series is remembered across a reload too
+        wait_for(lambda: chrome.execute_script(steps_js), 60, "the trainer chart again", every=0.5)
+        hidden = chrome.execute_script("return window.dashboardCharts['c-trainer'].data.datasets"
+                                       ".filter(d => d.label === 'wait_s').map(d => d.hidden)")
+        assert hidden and all(hidden), hidden
+    finally:
+        dash.stop()

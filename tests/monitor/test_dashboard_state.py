@@ -1,11 +1,15 @@
 """The dashboard's aggregation, from hand-made records and hand-computed values: lag from offsets
-seen and committed, staleness when scored, explorer stage shares, team counters, the viewer's
-turns and filters, and the summary a RunState folds them into."""
+seen and committed, staleness when scored, explorer stage shares, team counters, downsampling,
+what a page is sent first and then, the viewer's turns, filters and pages, and the summary a
+RunState folds them into."""
 from __future__ import annotations
 
-from streamrft.monitor.dashboard.state import (RunState, consumer_lag, reason_kind, stage_shares,
-                                               staleness_histogram, team_table, version_at)
-from streamrft.monitor.dashboard.trajectories import group_view, ids_text, mask_runs, matches
+from array import array
+
+from streamrft.monitor.dashboard.feed import Feed
+from streamrft.monitor.dashboard.state import (RunState, consumer_lag, downsample, reason_kind, role_label,
+                                               stage_shares, staleness_histogram, team_table, version_at)
+from streamrft.monitor.dashboard.trajectories import GroupQuery, group_view, ids_text, mask_runs, select
 from streamrft.schemas import DeadLetter, ExperienceGroup, Metric, Task, Trajectory, WeightVersion
 
 
@@ -80,12 +84,98 @@ def test_a_group_view_decodes_each_turn_and_marks_what_is_trained():
     assert (view["offset"], view["reward_mean"]) == (42, 0.5)
 
 
-def test_the_viewer_filters_by_team_task_and_mean_reward():
-    g = _group(team="a", rewards=(1.0, 0.0))  # mean 0.5
-    assert matches(g, None, None, None, None)
-    assert not matches(g, "b", None, None, None) and matches(g, "a", "guess", 0.5, 0.5)
-    assert matches(g, None, "t-a", None, None) and not matches(g, None, "nope", None, None)
-    assert not matches(g, None, None, 0.6, None) and not matches(g, None, None, None, 0.4)
+def _index(groups):
+    s = RunState("ns")
+    with s.lock:
+        for i, g in enumerate(groups):
+            s.on_experience(g, "ns.experiences", 0, i)
+    return s
+
+
+def test_the_viewer_filters_by_team_task_reward_version_and_finish_reason():
+    s = _index([_group(team="a", rewards=(1.0, 0.0)), _group(team="b", rewards=(1.0, 1.0), prompt="other")])
+    rows = s.index  # a: mean 0.5, versions 1 and 2 (the group's is its oldest, 1); b: mean 1.0
+    assert [r.reward_mean for r in rows] == [0.5, 1.0] and rows[0].version == 1
+    pick = lambda **q: [r.team for r in select(rows, s.prompts, GroupQuery(**q))[0]]  # noqa: E731
+    assert pick() == ["b", "a"]  # newest first
+    assert pick(team="a") == ["a"] and pick(task="guess") == ["a"] and pick(task="t-b") == ["b"]
+    assert pick(min_reward=0.6) == ["b"] and pick(max_reward=0.5) == ["a"] and pick(min_reward=0.5, max_reward=0.5) == ["a"]
+    assert pick(min_version=2) == [] and pick(max_version=1) == ["b", "a"]
+    assert pick(finish="stop") == ["b", "a"] and pick(finish="length") == []
+
+
+def test_the_viewer_pages_through_every_group_of_the_run_newest_first():
+    s = _index([_group(rewards=(r, 0.0)) for r in (0.0, 0.2, 0.4, 0.6, 0.8)])  # seq 0..4
+    page, total, cursor = select(s.index, s.prompts, GroupQuery(), None, 2)
+    assert ([r.seq for r in page], total, cursor) == ([4, 3], 5, 3)
+    page, total, cursor = select(s.index, s.prompts, GroupQuery(), cursor, 2)
+    assert ([r.seq for r in page], cursor) == ([2, 1], 1)
+    page, total, cursor = select(s.index, s.prompts, GroupQuery(), cursor, 2)
+    assert ([r.seq for r in page], cursor) == ([0], None)  # the last page
+    # filtered: means 0, 0.1, 0.2, 0.3, 0.4; >= 0.2 is seq 2..4
+    page, total, cursor = select(s.index, s.prompts, GroupQuery(min_reward=0.2), None, 2)
+    assert ([r.seq for r in page], total, cursor) == ([4, 3], 3, 3)
+    # only the newest groups are kept whole; every group keeps its row
+    assert len(s.index) == 5 and len(s.recent) == 5
+
+
+def test_downsample_keeps_the_ends_and_each_buckets_lowest_and_highest_point():
+    xs, ys = array("d", range(10)), array("d", [0, 5, 1, 9, 2, 2, 8, 0, 3, 4])
+    # 6 points: the ends (x 0 and 9) and 2 buckets of x 1-4 and 5-8: lowest x2 (1), highest x3 (9);
+    # lowest x7 (0), highest x6 (8), in x order
+    assert downsample(xs, ys, 6) == [[0, 0], [2, 1], [3, 9], [6, 8], [7, 0], [9, 4]]
+    assert downsample(xs, ys, 20) == [[float(i), y] for i, y in enumerate(ys)]  # few enough: all
+    assert downsample(xs, ys, 6, x0=2, x1=5) == [[2, 1], [3, 9], [4, 2], [5, 2]]  # a zoomed span, whole
+
+
+def test_roles_are_named_by_role_and_index():
+    taken = {}
+    assert role_label("explorer-3-12721", taken, "explorer") == "explorer 3"
+    assert role_label("vm-12720", taken, "stream ops") == "stream ops 0"
+    assert role_label("vm-12999", taken, "stream ops") == "stream ops 1"
+    assert role_label("vm-12720", taken, "stream ops") == "stream ops 0"
+
+
+def _trainer(step: int, reward: float, t: float) -> Metric:
+    return Metric(role="trainer", role_id="trainer-1", step=step, values={"reward_mean": reward, "version": step},
+                  created_at=t)
+
+
+def test_a_page_is_sent_everything_once_then_only_what_is_new():
+    s = RunState("ns")
+    with s.lock:
+        for step in range(1, 6):
+            s.on_metric(_trainer(step, step / 10, 100.0 + step))
+    feed = Feed([s], points=4)
+    first = feed.next()
+    line = first["lines"]["0:reward_version/train reward"]
+    # 5 points downsampled to 4: the ends and one bucket of x 2-4 (lowest 2, highest 4)
+    assert line["reset"] and line["points"] == [[1, 0.1], [2, 0.2], [4, 0.4], [5, 0.5]] and line["x"] == "version"
+    assert first["tables"]["trainer"]["step"] == 5 and first["tables"]["groups_seen"] == 0
+    assert feed.next() is None  # nothing new: nothing sent
+    with s.lock:
+        s.on_metric(_trainer(6, 0.6, 106.0))
+    second = feed.next()
+    assert second["lines"]["0:reward_version/train reward"] == {"append": [[6, 0.6]]}
+    assert set(second["tables"]) == {"trainer"}  # only the table that changed
+    with s.lock:  # the page's copy has taken more than `points` new points since it was whole: whole again
+        for step in range(7, 11):
+            s.on_metric(_trainer(step, step / 10, 100.0 + step))
+    third = feed.next()["lines"]["0:reward_version/train reward"]
+    assert third["reset"] and len(third["points"]) == 4 and third["points"][0] == [1, 0.1]
+    assert third["points"][-1] == [10, 1.0]
+
+
+def test_compared_runs_add_their_reward_lines_labelled_by_namespace():
+    a, b = RunState("run-a"), RunState("run-b")
+    for s in (a, b):
+        with s.lock:
+            s.on_metric(_trainer(1, 0.5, 10.0))
+            s.on_metric(Metric(role="trainer", role_id="t", step=2, values={"wait_s": 1.0}, created_at=11.0))
+    lines = Feed([a, b]).next()["lines"]
+    assert lines["0:reward_version/train reward"]["label"] == "run-a: train reward"
+    assert lines["1:reward_version/train reward"]["label"] == "run-b: train reward"
+    assert "0:trainer/wait_s" in lines and "1:trainer/wait_s" not in lines  # the others' rewards only
 
 
 def test_run_state_summary_folds_records_in_any_order():
@@ -105,13 +195,23 @@ def test_run_state_summary_folds_records_in_any_order():
         s.on_committed({"ns.trainer": {("ns.experiences", 0): 1}})
     out = s.summary()
     assert out["t0"] == 40.0
-    assert out["train"] == [(110.0, 4, 2.0, 0.5, None)] and out["evals"] == [(40.0, 0, 0.25)]
-    assert out["trainer_timings"]["points"] == [(110.0, 4, 1.5, 0.25, None, None)]
+    lines = out["lines"]
+    assert lines["reward_time/train reward"]["points"] == [[110.0, 0.5]]
+    assert lines["reward_version/train reward"]["points"] == [[2.0, 0.5]]
+    assert lines["reward_version/eval (launcher)"]["points"] == [[0.0, 0.25]]
+    assert lines["trainer/wait_s"]["points"] == [[4.0, 1.5]] and lines["trainer/step_s"]["points"] == [[4.0, 0.25]]
+    assert "trainer/publish_s" not in lines
+    assert out["last_eval"] == {"t": 40.0, "version": 0, "reward": 0.25, "source": "launcher"}
     assert out["staleness"] == {0: 1, 1: 1}  # v2 announced at 50, trajectories of v1 and v2 scored at 100
     assert out["lag"] == {"ns.trainer": {"ns.experiences": 2}}
     assert out["dead_reasons"] == {"DecodeError: bad": 1} and out["teams"]["a"]["dead_letters"] == 1
     assert out["dead_letters"][0]["source_offset"] == 9 and out["dead_letters"][0]["bytes"] == 2
     assert out["teams"]["a"]["trained_tokens"] == 3 and out["teams"]["a"]["masked_tokens"] == 2
+    assert out["finished"] is None
+    with s.lock:  # the launcher's last word
+        s.on_metric(Metric(role="run", role_id="launcher", step=7, values={"eval_reward_end": 0.75, "versions": 7.0},
+                           created_at=130.0))
+    assert s.summary()["finished"] == {"t": 130.0, "eval_reward_end": 0.75, "versions": 7.0}
 
 
 def test_off_policy_series_takes_the_trainer_metrics_that_carry_it():
@@ -121,7 +221,6 @@ def test_off_policy_series_takes_the_trainer_metrics_that_carry_it():
         s.on_metric(Metric(role="trainer", role_id="t", step=2, values={"reward_mean": 0.5, "iw_mean": 1.25,
                                                                          "clip_frac_neg": 0.5, "turns_3p": 0.25},
                                   created_at=11.0))
-    out = s.summary()["off_policy"]
-    assert out["names"][0] == "iw_mean" and out["names"][4] == "clip_frac_neg"
-    assert out["names"][8:] == ["turns_3p", "staleness_turns_3p"]
-    assert out["points"] == [(11.0, 2, 1.25, None, None, None, 0.5, None, None, None, 0.25, None)]
+    lines = s.summary()["lines"]
+    assert lines["offpolicy/iw_mean"]["points"] == [[2.0, 1.25]] and lines["offpolicy/clip_frac_neg"]["points"] == [[2.0, 0.5]]
+    assert lines["offpolicy/turns_3p"]["points"] == [[2.0, 0.25]] and "offpolicy/iw_max" not in lines

@@ -141,3 +141,63 @@ def committed_offsets(admin, namespace: str) -> dict[str, dict[tuple[str, int], 
         if offsets:
             out[g] = offsets
     return out
+
+
+class GroupFetcher:
+    """Reads experience groups back from their topic by offset: the viewer's pages older than the
+    groups the state keeps whole. One consumer without a group (it commits nothing), used by one
+    request at a time; offsets of a partition less than `gap` apart are read in one pass."""
+
+    def __init__(self, kafka: KafkaConfig, gap: int = 64):
+        self.kafka, self.gap = kafka, gap
+        self.lock = threading.Lock()
+        self.consumer = None
+
+    def fetch(self, where: list[tuple[str, int, int]], timeout: float = 10.0) -> dict[tuple[str, int, int], ExperienceGroup]:
+        """(topic, partition, offset) -> the group there; one that cannot be read or decoded is left out."""
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for topic, partition, offset in where:
+            by_partition.setdefault((topic, partition), []).append(offset)
+        out: dict[tuple[str, int, int], ExperienceGroup] = {}
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            if self.consumer is None:
+                self.consumer = make_consumer(self.kafka, None, **{"client.id": "dashboard-viewer",
+                                                                   "fetch.wait.max.ms": 10})
+            for (topic, partition), offsets in sorted(by_partition.items()):
+                for run in _runs(sorted(set(offsets)), self.gap):
+                    self._read(topic, partition, run, out, deadline)
+        return out
+
+    def _read(self, topic: str, partition: int, run: list[int], out: dict, deadline: float) -> None:
+        self.consumer.assign([TopicPartition(topic, partition, run[0])])
+        want = set(run)
+        while want and time.monotonic() < deadline:
+            for m in self.consumer.consume(min(len(run), 500), timeout=0.5):
+                if m.error() is not None or m.topic() != topic or m.partition() != partition:
+                    continue
+                if m.offset() in want:
+                    want.discard(m.offset())
+                    try:
+                        out[(topic, partition, m.offset())] = decode(m.value(), ExperienceGroup)
+                    except DecodeError as e:
+                        log.warning("dashboard: %s[%d]@%d does not decode: %s", topic, partition, m.offset(), e)
+                if m.offset() >= run[-1]:
+                    return
+
+    def close(self) -> None:
+        with self.lock:
+            if self.consumer is not None:
+                self.consumer.close()
+                self.consumer = None
+
+
+def _runs(offsets: list[int], gap: int) -> list[list[int]]:
+    """Sorted offsets cut where two are `gap` or more apart."""
+    runs: list[list[int]] = []
+    for o in offsets:
+        if runs and o - runs[-1][-1] < gap:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    return runs

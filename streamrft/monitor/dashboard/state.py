@@ -1,22 +1,30 @@
-"""The dashboard's picture of a run: bounded in-memory state fed one decoded record at a time.
+"""The dashboard's picture of a run, fed one decoded record at a time.
 
 `RunState.on_*` take what `reader.py` decodes from the run's topics (in any order across topics:
-the reader follows them all from `earliest`); `summary()` is the JSON the page draws. The pure
-functions below (`consumer_lag`, `staleness_histogram`, `stage_shares`, `team_table`, ...) hold the
-arithmetic and are unit-tested with hand values. Nothing grows without bound: series and recent
-records are deques, counters are per name.
+the reader follows them all from `earliest`). Every chart series is a `Line`, kept whole for the
+run (16 bytes a point) and downsampled when sent (`downsample`: min and max per bucket, the first
+and last point always kept); `tables()` is the rest of what the page shows; `summary()` both, as
+one JSON. The viewer keeps a small row per experience group for the whole run (`GroupRow`) and the
+newest groups themselves; older ones are read back from the topic by offset when asked for. The
+pure functions below (`consumer_lag`, `staleness_histogram`, `stage_shares`, `team_table`,
+`downsample`, ...) hold the arithmetic and are unit-tested with hand values.
 """
 from __future__ import annotations
 
 import bisect
+import re
 import threading
-from collections import Counter, deque
-from typing import Iterable
+from array import array
+from collections import Counter, OrderedDict, deque
+from typing import Iterable, NamedTuple
+
+import numpy as np
 
 from streamrft.schemas import DeadLetter, ExperienceGroup, Metric, WeightVersion
 
-SERIES_MAX = 5000  # points per chart series
-GROUPS_MAX = 300  # recent experience groups kept for the trajectory viewer
+LINE_POINTS = 1000  # points a line is downsampled to when sent
+GROUPS_MAX = 300  # newest experience groups kept whole for the trajectory viewer
+PROMPT_MAX = 500  # characters of a task's prompt kept for the viewer's search
 DEAD_MAX = 200  # recent dead letters kept for the viewer
 STALENESS_MAX = 20000  # recent (scored_at, model_version) pairs the histogram is made of
 TRAINER_TIMINGS = ("wait_s", "step_s", "publish_s", "loop_latency_s")
@@ -103,35 +111,147 @@ def team_table(experiences: dict[str, Counter], gateway: dict[str, dict[str, flo
     return dict(sorted(out.items()))
 
 
+def downsample(xs: array, ys: array, n: int = LINE_POINTS, x0: float | None = None,
+               x1: float | None = None) -> list[list[float]]:
+    """At most `n` points of the line (xs, ys), in their order, as [x, y] pairs; only those with
+    x0 <= x <= x1 when a range is given. More than `n`: the first and the last point, and between
+    them (n - 2) // 2 buckets of equal count, each giving its lowest and its highest point (a spike
+    is never smoothed away)."""
+    x = np.frombuffer(xs, dtype=np.float64).copy()  # a copy: an exported array cannot grow
+    y = np.frombuffer(ys, dtype=np.float64).copy()
+    idx = np.arange(len(x))
+    if x0 is not None or x1 is not None:
+        keep = np.ones(len(x), dtype=bool)
+        if x0 is not None:
+            keep &= x >= x0
+        if x1 is not None:
+            keep &= x <= x1
+        idx = idx[keep]
+    if len(idx) > max(n, 2):
+        inner, buckets = idx[1:-1], max((n - 2) // 2, 1)
+        edges = np.linspace(0, len(inner), buckets + 1).astype(int)
+        picked = [idx[0]]
+        for a, b in zip(edges[:-1], edges[1:]):
+            if b > a:
+                part = inner[a:b]
+                lo, hi = part[np.argmin(y[part])], part[np.argmax(y[part])]
+                picked.extend(sorted({int(lo), int(hi)}))
+        picked.append(idx[-1])
+        idx = np.array(picked)
+    return [[_short(x[i]), _short(y[i])] for i in idx]
+
+
+def _short(v: float) -> float:
+    """7 significant digits (a time in epoch seconds keeps its tenths): less JSON, nothing visible lost."""
+    return float(f"{v:.10g}") if abs(v) >= 1e6 else float(f"{v:.7g}")
+
+
+class Line:
+    """One chart series, kept whole: appended to, never trimmed."""
+
+    __slots__ = ("chart", "label", "xs", "ys")
+
+    def __init__(self, chart: str, label: str):
+        self.chart, self.label = chart, label
+        self.xs, self.ys = array("d"), array("d")
+
+    def append(self, x: float, y: float | None) -> None:
+        if y is not None:
+            self.xs.append(float(x))
+            self.ys.append(float(y))
+
+    def __len__(self) -> int:
+        return len(self.xs)
+
+    def points(self, start: int = 0, end: int | None = None) -> list[list[float]]:
+        end = len(self.xs) if end is None else end
+        return [[_short(self.xs[i]), _short(self.ys[i])] for i in range(start, end)]
+
+
+class GroupRow(NamedTuple):
+    """What the viewer filters and pages a group by; the group itself is read back by offset."""
+    seq: int  # the order this dashboard read the groups in
+    team: str
+    task_id: str
+    reward_mean: float
+    version: int  # the oldest of its trajectories' versions: when the group was generated
+    finish: frozenset  # its trajectories' finish reasons
+    created_at: float
+    topic: str
+    partition: int
+    offset: int
+
+
+def role_label(role_id: str, taken: dict[str, str], prefix: str) -> str:
+    """A role's name on the page: `explorer-3-12721` -> `explorer 3` (its index in the run); others
+    are numbered in the order they appear, `stream ops 0`, `stream ops 1`, ... (`prefix`)."""
+    if role_id not in taken:
+        m = re.fullmatch(r"explorer-(\d+)-\d+", role_id)
+        if m:
+            taken[role_id] = f"explorer {m.group(1)}"
+        else:
+            n = sum(1 for v in taken.values() if v.startswith(prefix + " "))
+            taken[role_id] = f"{prefix} {n}"
+    return taken[role_id]
+
+
+def eval_source(role_id: str) -> str:
+    """Which eval a point is: the launcher's (a run's start and end), the evaluator's (every k-th
+    version), or a gateway's."""
+    if role_id == "launcher":
+        return "launcher"
+    if role_id.startswith("evaluator"):
+        return "evaluator"
+    return role_id
+
+
+# the charts, each line's x: time (epoch seconds; the page subtracts t0), version or step
+CHARTS = {"reward_time": "time", "reward_version": "version", "trainer": "step", "offpolicy": "step",
+          "streamops": "time", "versions": "time"}
+FINAL_KEYS = ("eval_reward_start", "eval_reward_end", "versions", "trajectories", "trained", "stale",
+              "stale_pct", "wall_s")
+
+
 class RunState:
     """Everything the page shows, fed by the reader thread, read by the web handlers (one lock)."""
 
     def __init__(self, namespace: str):
         self.namespace = namespace
         self.lock = threading.Lock()
-        self.revision = 0  # bumped on every change: the live stream sends only when it moved
+        self.revision = 0  # bumped on every change: the live stream looks for news only when it moved
         self.t0: float | None = None  # the oldest record's created_at: the charts' time origin
-        self.train = deque(maxlen=SERIES_MAX)  # (t, step, version, reward_mean, staleness_mean)
-        self.evals = deque(maxlen=SERIES_MAX)  # (t, version, eval_reward)
-        self.trainer_timings = deque(maxlen=SERIES_MAX)  # (t, step, wait, step, publish, loop latency)
-        self.off_policy = deque(maxlen=SERIES_MAX)  # (t, step, *OFF_POLICY)
+        self.lines: dict[str, Line] = {}  # "<chart>/<label>" -> its points, in the order read
+        self.labels: dict[str, str] = {}  # role id -> its name on the page
         self.trainer_last: dict[str, float] = {}
-        self.explorers: dict[str, dict[str, float]] = {}
-        self.loaded: dict[str, deque] = {}  # explorer id -> (t, version its engine had)
-        self.published = deque(maxlen=SERIES_MAX)  # (t, version) from the weights topic
+        self.last_eval: dict | None = None
+        self.evals_seen = 0
+        self.explorers: dict[str, dict[str, float]] = {}  # by label
         self.announces: list[tuple[float, int]] = []  # sorted (t, version): staleness at a time
-        self.stream_ops: dict[str, dict[str, float]] = {}
-        self.stream_latency: dict[str, deque] = {}  # worker -> (t, p50, max)
+        self.stream_ops: dict[str, dict[str, float]] = {}  # by label
         self.scored = deque(maxlen=STALENESS_MAX)  # (scored_at, model_version) per trajectory
         self.team_exp: dict[str, Counter] = {}
         self.gateway: dict[str, dict[str, float]] = {}
         self.dead_reasons: Counter[str] = Counter()
         self.dead_by_team: Counter[str] = Counter()
         self.dead = deque(maxlen=DEAD_MAX)
-        self.groups = deque(maxlen=GROUPS_MAX)  # (ExperienceGroup, topic, partition, offset)
-        self.groups_seen = 0
+        self.index: list[GroupRow] = []  # every group read, oldest first
+        self.recent: OrderedDict[tuple[str, int, int], ExperienceGroup] = OrderedDict()  # the newest, whole
+        self.prompts: dict[str, str] = {}  # task id -> its prompt's start (the viewer's search)
+        self.finish_reasons: set[str] = set()
+        self.finished: dict | None = None  # the launcher's final record, once the run has ended
+        self.tokenizer = False  # the viewer's tokenizer is loaded (the page then asks for text again)
         self.seen: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset seen
         self.committed: dict[str, dict[tuple[str, int], int]] = {}
+
+    @property
+    def groups_seen(self) -> int:
+        return len(self.index)
+
+    def line(self, chart: str, label: str) -> Line:
+        key = f"{chart}/{label}"
+        if key not in self.lines:
+            self.lines[key] = Line(chart, label)
+        return self.lines[key]
 
     # ---- fed by the reader (each under the lock) ----------------------------------------------
     def _time(self, t: float) -> None:
@@ -148,33 +268,53 @@ class RunState:
         if m.role == "trainer":
             self.trainer_last = {**v, "step": m.step}
             if "reward_mean" in v:
-                self.train.append((t, m.step, v.get("version", 0.0), v["reward_mean"], v.get("staleness_mean")))
-            self.trainer_timings.append((t, m.step, *(v.get(k) for k in TRAINER_TIMINGS)))
+                self.line("reward_time", "train reward").append(t, v["reward_mean"])
+                self.line("reward_version", "train reward").append(v.get("version", m.step), v["reward_mean"])
+            for k in TRAINER_TIMINGS:
+                if k in v:
+                    self.line("trainer", k).append(m.step, v[k])
             if "iw_mean" in v:
-                self.off_policy.append((t, m.step, *(v.get(k) for k in OFF_POLICY)))
+                for k in OFF_POLICY:
+                    if k in v:
+                        self.line("offpolicy", k).append(m.step, v[k])
         elif m.role == "eval" and "eval_reward" in v:
-            self.evals.append((t, int(v.get("version", m.step)), v["eval_reward"]))
+            source, version = eval_source(m.role_id), int(v.get("version", m.step))
+            self.line("reward_time", f"eval ({source})").append(t, v["eval_reward"])
+            self.line("reward_version", f"eval ({source})").append(version, v["eval_reward"])
+            if self.last_eval is None or t >= self.last_eval["t"]:
+                self.last_eval = {"t": t, "version": version, "reward": v["eval_reward"], "source": source}
+            self.evals_seen += 1
+        elif m.role == "run" and m.role_id == "launcher":
+            self.finished = {"t": t, **{k: v[k] for k in FINAL_KEYS if k in v}}
         elif m.role == "explorer":
-            self.explorers[m.role_id] = {**self.explorers.get(m.role_id, {}), **v}
-            self.loaded.setdefault(m.role_id, deque(maxlen=SERIES_MAX)).append((t, int(v.get("version", m.step))))
+            label = role_label(m.role_id, self.labels, "explorer")
+            self.explorers[label] = {**self.explorers.get(label, {}), **v}
+            self.line("versions", f"{label} loaded").append(t, v.get("version", m.step))
         elif m.role == "gateway":
             if ":" in m.role_id:  # a team's counters; the gateway's own figures have no team
                 self.gateway[m.role_id] = v
-        else:  # stream ops workers
-            self.stream_ops[m.role_id] = v
+        elif m.role == "stream_ops":
+            label = role_label(m.role_id, self.labels, "stream ops")
+            self.stream_ops[label] = v
             if "latency_p50_s" in v:
-                self.stream_latency.setdefault(m.role_id, deque(maxlen=SERIES_MAX)).append(
-                    (t, v["latency_p50_s"], v.get("latency_max_s")))
+                self.line("streamops", f"{label} p50").append(t, v["latency_p50_s"])
 
     def on_weights(self, w: WeightVersion) -> None:
         self._time(w.created_at)
-        self.published.append((w.created_at, w.version))
+        self.line("versions", "published").append(w.created_at, w.version)
         bisect.insort(self.announces, (w.created_at, w.version))
 
     def on_experience(self, eg: ExperienceGroup, topic: str, partition: int, offset: int) -> None:
         self._time(eg.created_at)
-        self.groups.append((eg, topic, partition, offset))
-        self.groups_seen += 1
+        finish = frozenset(t.finish_reason for t in eg.trajectories)
+        self.finish_reasons |= finish
+        self.index.append(GroupRow(len(self.index), eg.team, eg.task.task_id, sum(eg.rewards) / len(eg.rewards),
+                                   min(t.model_version for t in eg.trajectories), finish, eg.created_at,
+                                   topic, partition, offset))
+        self.prompts.setdefault(eg.task.task_id, eg.task.prompt[:PROMPT_MAX])
+        self.recent[(topic, partition, offset)] = eg
+        while len(self.recent) > GROUPS_MAX:
+            self.recent.popitem(last=False)
         c = self.team_exp.setdefault(eg.team, Counter())
         c["groups"] += 1
         for traj, reward in zip(eg.trajectories, eg.rewards):
@@ -196,33 +336,37 @@ class RunState:
                           "source_offset": d.source_offset, "bytes": len(d.value), "dlq_offset": offset})
 
     def on_committed(self, committed: dict[str, dict[tuple[str, int], int]]) -> None:
-        self.committed = committed
-        self.revision += 1
+        if committed != self.committed:
+            self.committed = committed
+            self.revision += 1
 
-    # ---- read by the page -------------------------------------------------------------------------
-    def summary(self) -> dict:
-        """Every chart's data, as plain JSON (times are epoch seconds; the page subtracts `t0`)."""
+    # ---- read by the page (callers hold the lock) -----------------------------------------------
+    def tables(self) -> dict:
+        """All the page shows but the lines: small, sent again whole when any of it changed."""
+        return {
+            "namespace": self.namespace, "t0": self.t0, "trainer": self.trainer_last,
+            "last_eval": self.last_eval, "evals_seen": self.evals_seen, "finished": self.finished,
+            "staleness": staleness_histogram(self.announces, list(self.scored)),
+            "explorer_stages": {k: stage_shares(v) for k, v in sorted(self.explorers.items())},
+            "stream_ops": dict(sorted(self.stream_ops.items())),
+            "lag": consumer_lag(self.seen, self.committed),
+            "records": {f"{t}:{p}": n for (t, p), n in sorted(self.seen.items())},
+            "dead_reasons": dict(self.dead_reasons.most_common()),
+            "dead_letters": list(self.dead)[-50:][::-1],
+            "teams": team_table(self.team_exp, self.gateway, self.dead_by_team),
+            "groups_seen": self.groups_seen,
+            "finish_reasons": sorted(self.finish_reasons),
+            "tokenizer": self.tokenizer,
+        }
+
+    def summary(self, points: int = LINE_POINTS) -> dict:
+        """Every chart's data as one JSON (`GET /api/summary`): the tables, and each line
+        downsampled to `points`."""
         with self.lock:
-            staleness = staleness_histogram(self.announces, list(self.scored))
-            return {
-                "namespace": self.namespace, "revision": self.revision, "t0": self.t0,
-                "train": list(self.train), "evals": list(self.evals),
-                "trainer_timings": {"names": list(TRAINER_TIMINGS), "points": list(self.trainer_timings)},
-                "off_policy": {"names": list(OFF_POLICY), "points": list(self.off_policy)},
-                "trainer": self.trainer_last,
-                "staleness": staleness,
-                "published": list(self.published),
-                "loaded": {k: list(v) for k, v in sorted(self.loaded.items())},
-                "explorer_stages": {k: stage_shares(v) for k, v in sorted(self.explorers.items())},
-                "stream_ops": {k: {**v, "latency": list(self.stream_latency.get(k, ()))}
-                               for k, v in sorted(self.stream_ops.items())},
-                "lag": consumer_lag(self.seen, self.committed),
-                "records": {f"{t}:{p}": n for (t, p), n in sorted(self.seen.items())},
-                "dead_reasons": dict(self.dead_reasons.most_common()),
-                "dead_letters": list(self.dead)[-50:][::-1],
-                "teams": team_table(self.team_exp, self.gateway, self.dead_by_team),
-                "groups_seen": self.groups_seen,
-            }
+            return {"revision": self.revision, **self.tables(),
+                    "lines": {k: {"chart": ln.chart, "x": CHARTS[ln.chart], "label": ln.label,
+                                  "n": len(ln), "points": downsample(ln.xs, ln.ys, points)}
+                              for k, ln in self.lines.items()}}
 
 
 def reason_kind(error_type: str, reason: str) -> str:

@@ -1,4 +1,4 @@
-"""The trajectory viewer's data: recent experience groups, filtered, with tokens decoded by turn.
+"""The trajectory viewer's data: every group of the run, filtered and paged, with tokens decoded by turn.
 
 A response is cut into runs of equal `loss_mask`: a run of 1s is what the trainer trains on (the
 model's turns), a run of 0s what it does not (environment / tool turns of a multi-turn episode).
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
+from streamrft.monitor.dashboard.state import GroupRow
 from streamrft.schemas import ExperienceGroup
 
 log = logging.getLogger(__name__)
@@ -92,15 +93,39 @@ def group_view(eg: ExperienceGroup, decode: Decode, where: tuple[str, int, int],
             "offset": offset, "trajectories": trajs}
 
 
-def matches(eg: ExperienceGroup, team: str | None, task: str | None, min_reward: float | None,
-            max_reward: float | None) -> bool:
-    """The viewer's filters: the team exactly, `task` as a substring of the task id or prompt, and the
-    group's mean reward within [min_reward, max_reward]."""
-    if team and eg.team != team:
+class GroupQuery(NamedTuple):
+    """The viewer's filters; None (or "") is no filter."""
+    team: str | None = None
+    task: str | None = None  # a substring of the task id or of its prompt
+    min_reward: float | None = None  # the group's mean reward within [min_reward, max_reward]
+    max_reward: float | None = None
+    min_version: int | None = None  # the version that generated the group (its oldest trajectory's)
+    max_version: int | None = None
+    finish: str | None = None  # a finish reason one of its trajectories has
+
+
+def row_matches(row: GroupRow, q: GroupQuery, prompts: dict[str, str]) -> bool:
+    if q.team and row.team != q.team:
         return False
-    if task and task not in eg.task.task_id and task not in eg.task.prompt:
+    if q.task and q.task not in row.task_id and q.task not in prompts.get(row.task_id, ""):
         return False
-    mean = sum(eg.rewards) / len(eg.rewards)
-    if min_reward is not None and mean < min_reward:
+    if q.min_reward is not None and row.reward_mean < q.min_reward:
         return False
-    return max_reward is None or mean <= max_reward
+    if q.max_reward is not None and row.reward_mean > q.max_reward:
+        return False
+    if q.min_version is not None and row.version < q.min_version:
+        return False
+    if q.max_version is not None and row.version > q.max_version:
+        return False
+    return not q.finish or q.finish in row.finish
+
+
+def select(index: list[GroupRow], prompts: dict[str, str], q: GroupQuery, before: int | None = None,
+           limit: int = 20) -> tuple[list[GroupRow], int, int | None]:
+    """One page of the groups matching `q`, newest first, read before the group numbered `before`
+    (None: from the newest); with how many match in the whole run, and the cursor of the next
+    (older) page, None on the last one."""
+    matching = [r for r in reversed(index) if row_matches(r, q, prompts)]
+    older = [r for r in matching if before is None or r.seq < before]
+    page = older[:limit]
+    return page, len(matching), (page[-1].seq if len(older) > limit else None)
