@@ -221,6 +221,15 @@ def test_a_long_runs_page_keeps_the_whole_run_filters_right_and_sends_nothing_wh
                      for e in chrome.find_elements("css selector", "#groups .group")]
             assert shown == [g["reward_mean"] for g in want] and min(shown) >= float(text), (text, shown)
         box.clear()
+        # zoomed in, the span comes at full resolution: every step between 100 and 200
+        chrome.execute_script("setZoom('trainer', 100, 200)")
+        zoomed_js = ("const d = window.dashboardCharts['c-trainer'].data.datasets.find(d => d.label === 'step_s' && d.isRaw);"
+                     "return d.data.map(p => p.x)")
+        wait_for(lambda: chrome.execute_script(zoomed_js) == list(range(100, 201)), 30, "steps 100-200, all of them",
+                 every=0.2)
+        chrome.execute_script("setZoom('trainer', null, null)")
+        assert chrome.execute_script(zoomed_js)[-1] == wrote["steps"]
+
         # paging reaches the run's oldest group, read back from the topic by offset
         total = _get(dash.url + "api/groups?limit=1")["total"]
         assert total == wrote["groups"]
@@ -268,3 +277,37 @@ def test_a_long_runs_page_keeps_the_whole_run_filters_right_and_sends_nothing_wh
         assert hidden and all(hidden), hidden
     finally:
         dash.stop()
+
+
+def test_dashboard_of_two_runs_overlays_their_rewards(stack, tmp_path, chrome):
+    from dashboard_run import write_long_run
+
+    from streamrft.config import dump_config, load_config
+
+    configs = []
+    for name, seed in (("a", 0), ("b", 1)):
+        ns = f"dash-cmp-{name}-{os.getpid()}"
+        write_long_run(stack.kafka, ns, steps=300, groups=10, seed=seed)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(dump_config(load_config(str(AGENT), [*stack_overrides(stack, tmp_path), f"namespace={ns}"])))
+        configs.append((ns, path))
+    (ns_a, a), (ns_b, b) = configs
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    dash = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "dashboard", str(a), str(b), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    try:
+        url = _lines_until(dash, URL, [], timeout=60).group(1)
+        chrome.get(url)
+        labels_js = ("const c = window.dashboardCharts['c-reward-version'];"
+                     "return c ? c.data.datasets.filter(d => !d.isRaw).map(d => [d.label, d.data.length]) : []")
+        want = {f"{ns}: {what}" for ns in (ns_a, ns_b) for what in ("train reward", "eval (launcher)", "eval (evaluator)")}
+        wait_for(lambda: want <= {label for label, n in chrome.execute_script(labels_js) if n}, 60,
+                 "both runs' rewards and evals", every=0.5)
+        wait_for(lambda: dict(chrome.execute_script(labels_js))[f"{ns_b}: train reward"] == 300, 60,
+                 "every step of the second run", every=0.5)
+        # the other charts are the first run's alone
+        trainer = chrome.execute_script("return window.dashboardCharts['c-trainer'].data.datasets.map(d => d.label)")
+        assert trainer and not any(ns_b in label for label in trainer)
+        assert f"{ns_a} vs {ns_b}" in chrome.find_element("id", "ns").text
+    finally:
+        stop_all({"dashboard": dash})
