@@ -116,7 +116,7 @@ function drawLines(name) {
   });
   c.data.datasets = datasets;
   const x = c.options.scales.x;
-  if (z) { x.min = z.min; x.max = z.max; } else if (def.xTitle === TIME) { x.min = 0; x.max = timeRange(); }
+  if (z) { x.min = z.min; x.max = z.max; } else if (def.xTitle === TIME) { x.min = 0; x.max = Math.ceil(timeRange()); }
   else { delete x.min; delete x.max; }
   c.options.scales.y.type = logScale[name] ? "logarithmic" : "linear";
   c.update("none");
