@@ -55,19 +55,16 @@ def main() -> int:
 
     from dashboard_run import write_long_run
 
-    from streamrft.config import load_config
-    from streamrft.infra.kafka import flush_or_raise, make_producer
+    from streamrft.config import KafkaConfig, load_config
     from streamrft.infra.stack import S3_KEY, EmbeddedStack, free_ports
     from streamrft.monitor.dashboard import Dashboard
-    from streamrft.monitor.dashboard.feed import Feed, lines_of
-    from streamrft.schemas import Metric, encode
 
     with tempfile.TemporaryDirectory(prefix="dashboard-scale-") as tmp:
         es = EmbeddedStack(Path(tmp) / "stack", buckets=("weights",), **free_ports())
         state = es.up()
         try:
             t = time.perf_counter()
-            wrote = write_long_run(_kafka(state.kafka), "scale", a.steps, a.groups)
+            wrote = write_long_run(KafkaConfig(bootstrap=state.kafka), "scale", a.steps, a.groups)
             print(f"wrote {wrote['steps']} steps and {wrote['trajectories']} trajectories in "
                   f"{time.perf_counter() - t:.1f} s")
             cfg = load_config(str(ROOT / "examples" / "agent_cpu.yaml"), [
@@ -80,7 +77,7 @@ def main() -> int:
                 time.sleep(0.2)
             print(f"dashboard read the run in {time.perf_counter() - t:.1f} s")
             try:
-                _measure(a, dash, wrote, Feed, lines_of, make_producer, flush_or_raise, Metric, encode)
+                _measure(a, dash, wrote)
             finally:
                 dash.stop()
         finally:
@@ -88,13 +85,11 @@ def main() -> int:
     return 0
 
 
-def _kafka(bootstrap: str):
-    from streamrft.config import KafkaConfig
+def _measure(a, dash, wrote) -> None:
+    from streamrft.infra.kafka import flush_or_raise, make_producer
+    from streamrft.monitor.dashboard.feed import Feed, lines_of
+    from streamrft.schemas import Metric, encode
 
-    return KafkaConfig(bootstrap=bootstrap)
-
-
-def _measure(a, dash, wrote, Feed, lines_of, make_producer, flush_or_raise, Metric, encode) -> None:
     s = dash.state
     with s.lock:
         whole = len(json.dumps({k: ln.points() for k, ln, _ in lines_of([s])}, separators=(",", ":")))
