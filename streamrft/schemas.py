@@ -20,9 +20,10 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 from pydantic_core import core_schema as cs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """1: the first wire format. 2: `Trajectory.turn_versions` (an episode whose turns different weight
-versions sampled). A version 1 record still decodes: its tokens are all its `model_version`'s."""
+versions sampled). 3: `Task.images` (references to images in S3). A version 1 record still decodes:
+its tokens are all its `model_version`'s; a version 1 or 2 task has no images."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 LOGPROB_MAX = 1e-4  # engines' float rounding can leave a sampled token's log-prob a hair above 0
 MAX_JSON_DEPTH = 10  # arrays/objects nested in a free-form field, the field's own object included
@@ -159,6 +160,26 @@ class Message(BaseModel):
         return data
 
 
+MAX_IMAGE_SIDE = 16384  # pixels: a reference naming a larger side is refused on the wire
+MAX_IMAGES = 16  # images one task may carry
+IMAGE_MIMES = ("image/png", "image/jpeg", "image/webp", "image/gif")
+
+
+class ImageRef(BaseModel):
+    """An image stored once in S3 by content hash (`s3://<bucket>/<ns>/media/<sha256>.<ext>`): records
+    carry this reference, never the pixels. Readers fetch it by `uri` and check its bytes against
+    `sha256`, and the decoded image against `width`, `height` and `mime` (`infra/media.py`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the image file's sha256, lowercase hex")
+    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/\S+$", max_length=1024,
+                     description="s3://<bucket>/<key> of the image file")
+    width: int = Field(ge=1, le=MAX_IMAGE_SIDE, description="pixels")
+    height: int = Field(ge=1, le=MAX_IMAGE_SIDE, description="pixels")
+    mime: Literal[IMAGE_MIMES] = Field(description="the file's format")
+
+
 class Task(Message):
     """One prompt to explore, with what a verifier needs to score it."""
 
@@ -167,6 +188,8 @@ class Task(Message):
     prompt: str = Field(description="the prompt text (or a chat rendered by the workflow)")
     answer: str | None = Field(None, description="ground truth for verifiers, if any")
     prompt_ids: list[Count] | None = Field(None, description="pre-tokenised prompt, optional")
+    images: list[ImageRef] = Field(default_factory=list, max_length=MAX_IMAGES,
+                                   description="images the prompt shows the model, in order (schema >= 3)")
     metadata: JsonObject = Field(default_factory=dict, description=FREE_FORM)
 
 

@@ -20,7 +20,7 @@ from collections import Counter
 import jsonschema
 import msgpack
 
-from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, GroupDropped,
+from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, GroupDropped, ImageRef,
                                Metric, RolloutGroup, Task, TaskOutcome, Trajectory, WeightVersion, decode, encode,
                                json_schema)
 
@@ -81,7 +81,15 @@ def _float(rng: random.Random) -> float | int:
 def _task(rng: random.Random) -> Task:
     return Task(task_id=_id(rng), prompt=rng.choice(["", "2+2=", "é" * 50]),
                 answer=rng.choice([None, "4"]), prompt_ids=rng.choice([None, [], [0, 5, INT64_MAX]]),
+                images=[_image(rng) for _ in range(rng.choice([0, 0, 1, 2]))],
                 metadata=_json_object(rng), created_at=_float(rng))
+
+
+def _image(rng: random.Random) -> ImageRef:
+    sha = "".join(rng.choice("0123456789abcdef") for _ in range(64))
+    return ImageRef(sha256=sha, uri=f"s3://{rng.choice(['weights', 'my.bucket-1'])}/ns/media/{sha}.png",
+                    width=rng.choice([1, 32, 16384]), height=rng.choice([1, 7, 640]),
+                    mime=rng.choice(["image/png", "image/jpeg", "image/webp", "image/gif"]))
 
 
 def _traj(rng: random.Random, group_id: str, task_id: str, team: str) -> Trajectory:
@@ -287,6 +295,8 @@ def mutate(rng: random.Random, record: dict, kind: str) -> str | None:
         if kind != "rollout_group" or not isinstance(record.get("trajectories"), list) or not record["trajectories"]:
             return None
         traj, key = rng.choice(record["trajectories"]), rng.choice(sorted(GROUP_KEYS))
+        if not isinstance(traj, dict) or not isinstance(traj.get(key), str):
+            return None  # an earlier mutation already broke this node
         traj[key] = "other" if key == "team" and len(traj[key]) >= 200 else traj[key] + "x"
     elif op == "duplicate_traj_id":
         if kind != "rollout_group" or len(record["trajectories"]) < 2:

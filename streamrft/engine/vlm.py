@@ -1,0 +1,75 @@
+"""A small vision-language model made here, from configs alone (no hub): LLaVA's layout.
+
+`build_tiny_vlm` makes a `LlavaForConditionalGeneration`: a CLIP vision tower (a few layers over
+patches of a small image), a two-layer projector, and the char-level Qwen2 of the CPU demo as the
+language model, all randomly initialised. It is saved with its processor (`LlavaProcessor`: a
+CLIP image processor that resizes and normalises, and the char tokenizer with one more special
+token, `<image>`), so `AutoProcessor` and `AutoModelForImageTextToText` load the directory as
+they load any hub VLM.
+
+A prompt is `<image>` then the text: the processor expands the one `<image>` into as many image
+placeholder tokens as the tower yields patch features ((image_size / patch_size)^2), whose
+embeddings the model replaces with the projected features. `image_positions` marks them: they
+are prompt tokens, never trained.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, Qwen2Config
+
+from streamrft.engine.models import build_char_tokenizer
+
+IMAGE_TOKEN = "<image>"
+
+
+def image_processor(image_size: int):
+    """CLIP's image processor sized for `image_size`, PIL-backed (torchvision is not installed here)."""
+    try:
+        from transformers import CLIPImageProcessorPil as Processor
+    except ImportError:  # older transformers: the PIL backend was the only one
+        from transformers import CLIPImageProcessor as Processor
+    return Processor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
+                     do_center_crop=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+
+
+def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, layers: int = 2, heads: int = 4,
+                   image_size: int = 32, patch_size: int = 8, vision_hidden_size: int = 64,
+                   vision_layers: int = 2, vision_heads: int = 4, max_positions: int = 256,
+                   seed: int = 0) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """A freshly initialised tiny LLaVA over a char tokenizer of `alphabet`, saved with its
+    processor to `out_dir`."""
+    if image_size % patch_size:
+        raise ValueError(f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})")
+    tok = build_char_tokenizer(alphabet)
+    tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    vision = CLIPVisionConfig(hidden_size=vision_hidden_size, intermediate_size=4 * vision_hidden_size,
+                              num_hidden_layers=vision_layers, num_attention_heads=vision_heads,
+                              image_size=image_size, patch_size=patch_size, num_channels=3)
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                       max_position_embeddings=max_positions, tie_word_embeddings=True,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1,
+                         projector_hidden_act="gelu", tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):  # the init draws from the global RNG: leave the caller's alone
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.generation_config, key, getattr(tok, key))
+    # "default" drops CLIP's class token: one placeholder per patch
+    processor = LlavaProcessor(image_processor=image_processor(image_size), tokenizer=tok, patch_size=patch_size,
+                               vision_feature_select_strategy="default", image_token=IMAGE_TOKEN,
+                               num_additional_image_tokens=1)
+    out = Path(out_dir)
+    model.save_pretrained(str(out))
+    processor.save_pretrained(str(out))
+    return model, processor
+
+
+def image_positions(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """A bool mask of the image placeholder tokens (prompt tokens: never trained)."""
+    return input_ids == image_token_id

@@ -1,0 +1,45 @@
+"""The tiny vision-language model made here: saved with its processor, loaded as any hub VLM,
+its image placeholders counted, and its output depending on the picture."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from streamrft.engine.vlm import IMAGE_TOKEN, build_tiny_vlm, image_positions
+from streamrft.producers.image_tasks import ALPHABET, draw_task
+
+
+def _logprobs(model, inputs, target: torch.Tensor) -> torch.Tensor:
+    ids = torch.cat([inputs["input_ids"], target[None]], dim=1)
+    mask = torch.ones_like(ids)
+    logits = model(input_ids=ids, attention_mask=mask, pixel_values=inputs["pixel_values"]).logits
+    logp = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+    n = target.numel()
+    return logp[-n:].gather(1, ids[0, -n:, None])[:, 0]
+
+
+def test_a_tiny_vlm_loads_as_any_hub_vlm_and_sees_its_image(tmp_path):
+    import random
+
+    build_tiny_vlm(tmp_path / "vlm", ALPHABET, image_size=32, patch_size=8)
+    processor = AutoProcessor.from_pretrained(tmp_path / "vlm")
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "vlm").eval()
+    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    rng = random.Random(0)
+    red, _ = draw_task("largest", rng)
+    other, _ = draw_task("count", rng)
+    inputs = processor(text=[f"{IMAGE_TOKEN}which colour is largest?"], images=[red], return_tensors="pt")
+    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    positions = image_positions(inputs["input_ids"], image_id)
+    assert int(positions.sum()) == (32 // 8) ** 2  # one placeholder per patch, CLIP's class token dropped
+    assert inputs["pixel_values"].shape == (1, 3, 32, 32)
+    target = torch.tensor(processor.tokenizer("red", add_special_tokens=False)["input_ids"])
+    with torch.no_grad():
+        a = _logprobs(model, inputs, target)
+        again = _logprobs(model, inputs, target)
+        swapped = _logprobs(model, {**inputs, "pixel_values": processor(text=[IMAGE_TOKEN], images=[other],
+                                                                        return_tensors="pt")["pixel_values"]}, target)
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert torch.equal(a, again)  # the same pixels, the same log-probs
+    assert not torch.allclose(a, swapped)  # another picture, other log-probs: the model sees it
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 3
