@@ -22,7 +22,7 @@ from pydantic_core import core_schema as cs
 
 SCHEMA_VERSION = 3
 """1: the first wire format. 2: `Trajectory.turn_versions` (an episode whose turns different weight
-versions sampled). 3: `Task.images` (references to images in S3). A version 1 record still decodes:
+versions sampled). 3: `Task.images` and `Trajectory.images` (references to images in S3). A version 1 record still decodes:
 its tokens are all its `model_version`'s; a version 1 or 2 task has no images."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 LOGPROB_MAX = 1e-4  # engines' float rounding can leave a sampled token's log-prob a hair above 0
@@ -220,6 +220,9 @@ class Trajectory(Message):
                     f"(up to {LOGPROB_MAX} is tolerated as rounding)")
     loss_mask: list[Bit] | None = Field(
         None, description="1 = train on this token, one per response_ids entry; default all 1")
+    images: list[ImageRef] = Field(default_factory=list, max_length=MAX_IMAGES,
+                                   description="the images whose placeholder tokens prompt_ids holds, in order (schema >= 3): "
+                                               "the trainer feeds the same pixels when it recomputes log-probs")
     response_text: str = ""
     env_reward: float | None = Field(None, description="reward given by the environment, if any")
     finish_reason: Name = "stop"

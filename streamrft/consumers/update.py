@@ -99,7 +99,8 @@ def padding_row(batch: Batch) -> Batch:
     of its own forwards and backwards it to join the collectives, contributing exactly zero."""
     row = batch.slice(0, 1)
     return Batch(row.input_ids, row.attention_mask, torch.zeros_like(row.mask), row.old_logprobs,
-                 torch.zeros_like(row.advantages), torch.zeros_like(row.rewards), row.weights)
+                 torch.zeros_like(row.advantages), torch.zeros_like(row.rewards), row.weights,
+                 row.pixel_values, row.image_rows)
 
 
 class UpdateLoop:
@@ -110,7 +111,7 @@ class UpdateLoop:
     def train_step(self, samples: list[tuple], weights: list[float] | None = None) -> dict[str, float]:
         """One step on `samples` (trajectory, advantage, reward); `weights` per sample scale each row's
         gradient (prioritised replay's importance weights; None: all 1)."""
-        batch = collate(samples, self.tokenizer.pad_token_id, weights)
+        batch = collate(samples, self.tokenizer.pad_token_id, weights, getattr(self, "pixels", None))
         temperature = self.cfg.explorer.sampling.temperature or 1.0
         global_tokens, global_seqs = batch.mask.sum(), (batch.mask.sum(1) > 0).sum()
         metrics: dict[str, float] = {}

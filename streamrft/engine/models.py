@@ -95,11 +95,38 @@ def resolve_device(name: str | None = None) -> str:
     return "cpu"
 
 
+def is_vision_language(path: str | Path) -> bool:
+    """Whether the HF directory holds a vision-language model (its config has a vision tower)."""
+    import json
+
+    config = Path(path) / "config.json"
+    return config.is_file() and "vision_config" in json.loads(config.read_text())
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) from an HF directory; the model is in eval mode on `device`."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True).to(device)
+    """(model, tokenizer) from an HF directory; the model is in eval mode on `device`. A
+    vision-language model (`is_vision_language`) loads as an image-text-to-text model."""
+    if is_vision_language(path):
+        from transformers import AutoModelForImageTextToText as Auto
+    else:
+        Auto = AutoModelForCausalLM
+    model = Auto.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True).to(device)
     model.eval()
+    if Auto is not AutoModelForCausalLM:
+        from streamrft.engine.vlm import ban_placeholders
+
+        ban_placeholders(model)  # never sampled, never scored: the same for explorers and trainer
     return model, load_tokenizer(path)
+
+
+def load_processor(path: str | Path):
+    """The multi-modal processor saved beside a vision-language model (its image processor and
+    tokenizer); None for a text model."""
+    if not is_vision_language(path):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(path), local_files_only=True)
 
 
 def state_dict_to_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -49,6 +49,24 @@ def check_seeds(params: SamplingParams, prompts: int) -> None:
         raise ValueError(f"{len(params.seeds)} seeds for {prompts} prompts: need one per prompt")
 
 
+def check_images(processor: Any, prompt_ids: list[list[int]], images: list[list]) -> None:
+    """Every engine's check of `images`: one list per prompt, as many images as the prompt holds
+    image groups (runs of the processor's image token), the last prompt token not an image's (the
+    engine prefills all but the last token), and a vision-language model to see them."""
+    if processor is None:
+        raise ValueError("images given to a text model: the model directory has no image processor")
+    if len(images) != len(prompt_ids):
+        raise ValueError(f"{len(images)} image lists for {len(prompt_ids)} prompts: need one per prompt")
+    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    for i, (ids, imgs) in enumerate(zip(prompt_ids, images)):
+        groups = sum(1 for k, t in enumerate(ids) if t == image_id and (k == 0 or ids[k - 1] != image_id))
+        if groups != len(imgs):
+            raise ValueError(f"prompt {i} holds {groups} image(s) (runs of {processor.image_token}) "
+                             f"but {len(imgs)} were given")
+        if ids and ids[-1] == image_id:
+            raise ValueError(f"prompt {i} ends with an image placeholder: put text after the image")
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from `parts` (ints, strings), the same in every process and on every platform."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
@@ -75,8 +93,10 @@ class RolloutEngine(Protocol):
     """The weight version currently loaded (0 = the initial weights)."""
     tokenizer: Any
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """`params.n` completions for each prompt, in prompt order."""
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 images: list[list] | None = None) -> list[list[Completion]]:
+        """`params.n` completions for each prompt, in prompt order. A vision-language model takes
+        `images`: per prompt its images (PIL), whose placeholder tokens its ids hold in order."""
         ...
 
     def load_weights(self, state_dict: dict[str, Any], version: int, lora: Any = None) -> None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
-from streamrft.engine.models import load_policy
-from streamrft.engine.rollout.base import Completion, SamplingParams, check_seeds, derive_seed
+from streamrft.engine.models import load_policy, load_processor
+from streamrft.engine.rollout.base import Completion, SamplingParams, check_images, check_seeds, derive_seed
 
 
 class SeededSampler:
@@ -55,6 +55,7 @@ class SeededSampler:
 class TransformersEngine:
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", max_batch: int = 64):
         self.model, self.tokenizer = load_policy(model_path, dtype=dtype, device=device)
+        self.processor = load_processor(model_path)  # a vision-language model's; None for text
         # sample from exactly what SamplingParams names: `generate` fills every setting left unset
         # from the checkpoint's own generation config (a real one may set repetition_penalty, top_k,
         # min_length, ...), which would change the distribution behind the recorded log-probs
@@ -72,22 +73,35 @@ class TransformersEngine:
         self._is_base = True  # the live weights outside `_base` are the base model's (no full version loaded)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 images: list[list] | None = None) -> list[list[Completion]]:
+        """`images`: a vision-language model's, per prompt the images (PIL) whose placeholder tokens
+        its ids hold, in order (`check_images`)."""
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
         per_call = max(1, self.max_batch // params.n)
         out: list[list[Completion]] = []
         check_seeds(params, len(prompt_ids))
+        pixels = None if images is None else self._pixels(prompt_ids, images)
         with torch.random.fork_rng(devices=self._rng_devices, enabled=params.seed is not None):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(prompt_ids), per_call):
                 seeds = None if params.seeds is None else params.seeds[start : start + per_call]
-                out.extend(self._generate_batch(prompt_ids[start : start + per_call], params, seeds))
+                part = None if pixels is None else pixels[start : start + per_call]
+                out.extend(self._generate_batch(prompt_ids[start : start + per_call], params, seeds, part))
         return out
 
+    def _pixels(self, prompt_ids: list[list[int]], images: list[list]) -> list[torch.Tensor | None]:
+        """Per prompt its images' pixel values ([k, C, H, W], the processor's: what the trainer
+        recomputes with), or None for a prompt without images."""
+        check_images(self.processor, prompt_ids, images)
+        return [self.processor.image_processor(images=imgs, return_tensors="pt")["pixel_values"].to(
+                    self.device, self.model.dtype) if imgs else None for imgs in images]
+
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
-                        seeds: list[int] | None = None) -> list[list[Completion]]:
+                        seeds: list[int] | None = None,
+                        pixels: list[torch.Tensor | None] | None = None) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
         pad_id = self.tokenizer.pad_token_id
@@ -111,9 +125,13 @@ class TransformersEngine:
             return_dict_in_generate=True,
             output_scores=True,  # after temperature, top-k and top-p: the distribution each token came from
         )
-        cache = self._shared_prefill(prompts, width, params.n)
+        cache = self._shared_prefill(prompts, width, params.n, pixels)
+        images = {}
+        if cache is None and pixels is not None and any(p is not None for p in pixels):
+            # no shared prefill: generate's first forward sees every row's images, row by row
+            images = {"pixel_values": torch.cat([p for p in pixels for _ in range(params.n) if p is not None])}
         res = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                                  **({} if cache is None else {"past_key_values": cache}),
+                                  **({} if cache is None else {"past_key_values": cache}), **images,
                                   **({} if sampler is None else {"logits_processor": LogitsProcessorList([sampler])}))
         new = res.sequences[:, width:]
         if sampler is None:
@@ -145,16 +163,21 @@ class TransformersEngine:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
         return ids, mask
 
-    def _shared_prefill(self, prompts: list[list[int]], width: int, n: int) -> DynamicCache | None:
+    def _shared_prefill(self, prompts: list[list[int]], width: int, n: int,
+                        pixels: list[torch.Tensor | None] | None = None) -> DynamicCache | None:
         """The KV cache of each left-padded prompt but its last token, computed once and repeated
-        n times (rows in `_generate_batch`'s order); None when there is nothing to share."""
+        n times (rows in `_generate_batch`'s order); None when there is nothing to share. The
+        prompts' images go into it: `generate` then goes on from text tokens only."""
         if n == 1 or width < 2:
             return None
         ids, mask = (t[:, :-1] for t in self._left_padded(prompts, width))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as `generate` numbers left-padded rows
+        images = {}
+        if pixels is not None and any(p is not None for p in pixels):
+            images = {"pixel_values": torch.cat([p for p in pixels if p is not None])}
         cache = DynamicCache()
         self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1)
+                   logits_to_keep=1, **images)
         cache.batch_repeat_interleave(n)
         return cache
 
