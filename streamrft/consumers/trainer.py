@@ -83,6 +83,7 @@ class Trainer(Intake, UpdateLoop):
         self.ckpt_dir = Path(self.tc.checkpoint_dir or Path(cfg.output_dir) / "trainer")
         self.device = resolve_device(self.tc.device)
         model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype, device=self.device)
+        self.pixels = pixels_of(cfg)  # a vision-language model's: the images a trajectory's prompt shows
         self.engine = make_train_engine(self.tc, model, cfg.model.lora)
         self.model = self.engine.model  # with LoRA: wrapped with its adapters
         self.is_main = getattr(self.engine, "is_main", True)
@@ -591,3 +592,19 @@ def run_trainer(cfg: RunConfig) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def pixels_of(cfg: RunConfig):
+    """For a vision-language model, `pixels(trajectory)`: its images fetched by reference (checked
+    against their hashes, cached under the run's output) and processed as the explorers' engines
+    process them, so the recomputed log-probs see the same pixels; None for a text model."""
+    from streamrft.engine.models import load_processor
+
+    processor = load_processor(cfg.model.path)
+    if processor is None:
+        return None
+    from streamrft.infra.media import MediaStore
+
+    media = MediaStore(cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media")
+    return lambda t: processor.image_processor(images=[media.image(r) for r in t.images],
+                                               return_tensors="pt")["pixel_values"]

@@ -113,7 +113,7 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     model = Auto.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True).to(device)
     model.eval()
     if Auto is not AutoModelForCausalLM:
-        from streamrft.engine.vlm import ban_placeholders
+        from streamrft.engine.placeholders import ban_placeholders
 
         ban_placeholders(model)  # never sampled, never scored: the same for explorers and trainer
     return model, load_tokenizer(path)

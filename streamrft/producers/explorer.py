@@ -85,6 +85,12 @@ class Explorer:
             self.store = WeightStore(cfg.s3)
             self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
                                           Path(cfg.output_dir) / "cache" / self.id)
+            if getattr(self.engine, "processor", None) is not None:  # a vision-language model: tasks show images
+                from streamrft.infra.media import MediaStore
+                from streamrft.producers.workflows.prompts import TaskImages
+
+                self.engine.vision = TaskImages(self.engine.processor, MediaStore(
+                    cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media"))
         except BaseException:
             self.members.stop()
             self.admission.stop()

@@ -14,8 +14,14 @@ from streamrft.producers.task_selection import Sequential, TaskStats
 from streamrft.schemas import DecodeError, Task, decode, topic_name
 
 
-def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Task]:
-    """Read every row of a JSONL / Parquet file into Tasks (a stable task_id per row)."""
+IMAGE_KEYS = ("image", "images")  # a row's picture(s): a path (relative to the file), a file:// or s3:// URL, base64
+
+
+def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer",
+                   media=None) -> list[Task]:
+    """Read every row of a JSONL / Parquet file into Tasks (a stable task_id per row). A row's
+    `image` (one) or `images` (a list) are stored in S3 by `media` (an `infra.media.MediaStore`)
+    and become the task's `images` references; a file with images needs `media`."""
     from datasets import load_dataset
 
     path = Path(path)
@@ -30,16 +36,35 @@ def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str
     tasks = []
     for i, row in enumerate(rows):
         answer = row.get(answer_key)
-        meta = {k: v for k, v in row.items() if k not in (prompt_key, answer_key, "task_id")}
+        meta = {k: v for k, v in row.items() if k not in (prompt_key, answer_key, "task_id", *IMAGE_KEYS)}
         try:
             tasks.append(Task(task_id=str(row.get("task_id") or f"{path.stem}-{i}"), prompt=row[prompt_key],
-                              answer=None if answer is None else str(answer), metadata=meta))
+                              answer=None if answer is None else str(answer), metadata=meta,
+                              images=_row_images(row, path, i, media)))
         except ValidationError as e:  # e.g. NaN or a date in an extra column: not a JSON value
             err = e.errors()[0]
             where = ".".join(str(x) for x in err["loc"])
             raise ValueError(f"task file {path} row {i}: {where}: {err['msg']} (extra columns become "
                              f"metadata, which must be JSON values)") from None
     return tasks
+
+
+def _row_images(row: dict, path: Path, i: int, media) -> list:
+    sources = [row["image"]] if row.get("image") else list(row.get("images") or [])
+    if not sources:
+        return []
+    if media is None:
+        raise ValueError(f"task file {path} row {i}: it has images, and this reader has no store to put them in "
+                         f"(a vision-language model's run)")
+    from streamrft.infra.media import MediaError, resolve_source
+
+    refs = []
+    for k, source in enumerate(sources):
+        try:
+            refs.append(media.put(resolve_source(str(source), path.parent, media)))
+        except MediaError as e:
+            raise ValueError(f"task file {path} row {i}: image {k}: {e}") from None
+    return refs
 
 
 def task_slot(i: int, num_tasks: int, num_slots: int) -> int:

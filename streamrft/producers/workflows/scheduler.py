@@ -41,7 +41,7 @@ from streamrft.producers.envs.base import Environment
 from streamrft.producers.workflows.episodes import (ENV_ERROR, ENV_TIMEOUT, MAX_TOTAL_TOKENS, EnvFailure, Episode,
                                                     TurnLimits, answer, check_observation, check_result,
                                                     failed_episode, model_turn, turn_seed)
-from streamrft.producers.workflows.single_turn import encode_prompt
+from streamrft.producers.workflows.prompts import prompt_of
 from streamrft.producers.workflows.turns import TurnEncoder
 from streamrft.schemas import Task
 
@@ -57,6 +57,7 @@ class _Request:
     budget: int
     future: asyncio.Future
     seed: int | None = None
+    images: list | None = None  # a vision-language prompt's images (PIL), in the order of its placeholders
 
 
 class EpisodeScheduler:
@@ -121,10 +122,10 @@ class EpisodeScheduler:
         """Single-turn: the prompt ids of `task`, `n` completions of it sampled in one engine call
         (with the group's `seed`, as the prompt's `SamplingParams.seeds`), and the weight version
         that sampled them."""
-        prompt = encode_prompt(self.engine.tokenizer, task, self.chat)
+        prompt, images = prompt_of(self.engine, task, self.chat)
         self.episodes_in_flight += n
         try:
-            completions, version = await self._request(prompt, n, self.params.max_new_tokens, seed)
+            completions, version = await self._request(prompt, n, self.params.max_new_tokens, seed, images)
             return prompt, completions, version
         finally:
             self.episodes_in_flight -= n
@@ -190,12 +191,12 @@ class EpisodeScheduler:
         (completion,), version = await self._request(e.prompt_ids + e.response_ids, 1, budget, seed)
         return completion, version
 
-    async def _request(self, ids: list[int], n: int, budget: int,
-                       seed: int | None = None) -> tuple[list[Completion], int]:
+    async def _request(self, ids: list[int], n: int, budget: int, seed: int | None = None,
+                       images: list | None = None) -> tuple[list[Completion], int]:
         if self.failed is not None:
             raise RuntimeError("the engine failed") from self.failed
         future = asyncio.get_running_loop().create_future()
-        self._ready.append(_Request(ids, n, budget, future, seed))
+        self._ready.append(_Request(ids, n, budget, future, seed, images))
         self._wake.set()
         return await future
 
@@ -230,7 +231,8 @@ class EpisodeScheduler:
                                            seed=None if self.params.seed is None else self.params.seed + self._calls,
                                            seeds=[r.seed for r in batch] if seeded else None)
                 self._calls += 1
-                outputs, seconds = await self.on_engine(self._generate, [r.ids for r in batch], call)
+                images = [r.images or [] for r in batch] if any(r.images for r in batch) else None
+                outputs, seconds = await self.on_engine(self._generate, [r.ids for r in batch], call, images)
                 self.stats["generate_s"] += seconds
                 self.stats["generate_calls"] += 1
                 self.stats["turns"] += len(batch)
@@ -259,10 +261,10 @@ class EpisodeScheduler:
         self._ready = rest
         return batch
 
-    def _generate(self, prompts: list[list[int]], call: SamplingParams):
+    def _generate(self, prompts: list[list[int]], call: SamplingParams, images: list[list] | None = None):
         """In the engine's thread: the completions, and the seconds the engine took (not the wait for the thread)."""
         t0 = time.monotonic()
-        out = self.engine.generate(prompts, call)
+        out = self.engine.generate(prompts, call, **({} if images is None else {"images": images}))
         return out, time.monotonic() - t0
 
     async def _gather_stragglers(self) -> None:

@@ -1,0 +1,53 @@
+"""Prompts: a task's token ids (`encode_prompt`), and a vision-language explorer's, whose image
+references are fetched (`infra.media`) and whose prompt the model's processor builds, expanding
+each image into its placeholder tokens (`TaskImages`, `prompt_of`).
+
+The prompt is the task's images (one `<image>` each, before the text, as LLaVA and most VLMs
+are trained) then its text, or, with `chat` and a processor that has a chat template, one user
+turn of image parts and the text. `prompt_of(engine, task, chat)` is what every workflow calls:
+a text task gives no images and the ids `encode_prompt` always gave.
+"""
+from __future__ import annotations
+
+from streamrft.schemas import Task
+
+
+def encode_prompt(tokenizer, task: Task, chat: bool = False) -> list[int]:
+    """The task's token ids: given, or the prompt as a user turn of the chat template, or plain."""
+    if task.prompt_ids:
+        return task.prompt_ids
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(task.prompt)["input_ids"]
+
+
+class TaskImages:
+    def __init__(self, processor, media):
+        self.processor, self.media = processor, media
+
+    def prompt(self, task: Task, chat: bool = False) -> tuple[list[int], list]:
+        """(prompt ids with every image's placeholders, the images as PIL)."""
+        images = [self.media.image(ref) for ref in task.images]
+        token = self.processor.image_token
+        if chat and getattr(self.processor, "chat_template", None):
+            content = [*({"type": "image"} for _ in images), {"type": "text", "text": task.prompt}]
+            text = self.processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                      add_generation_prompt=True)
+        else:
+            text = token * len(images) + task.prompt
+        ids = self.processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
+        return ids, images
+
+
+def prompt_of(engine, task: Task, chat: bool = False) -> tuple[list[int], list | None]:
+    """(prompt ids, the images they show, None for a text task); a task with images needs the
+    engine's `vision` (a `TaskImages`, set by a vision-language explorer)."""
+    if not task.images:
+        return encode_prompt(engine.tokenizer, task, chat), None
+    vision = getattr(engine, "vision", None)
+    if vision is None:
+        raise ValueError(f"task {task.task_id} shows {len(task.images)} image(s), and the model is not a "
+                         f"vision-language model (no image processor beside it)")
+    return vision.prompt(task, chat)
