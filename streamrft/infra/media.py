@@ -106,8 +106,7 @@ class MediaStore(WeightStore):
                  limits: MediaLimits = MediaLimits(), client=None):
         super().__init__(cfg, client)
         self.namespace, self.limits = namespace, limits
-        self.cache = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "streamrft-media"
-        self.cache.mkdir(parents=True, exist_ok=True)
+        self.cache = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "streamrft-media"  # made when first written
 
     def key(self, sha256: str, mime: str) -> str:
         return f"{self.namespace}/media/{sha256}.{EXTENSIONS[mime]}"

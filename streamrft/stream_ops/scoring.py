@@ -232,8 +232,9 @@ class Scorer:
 
     def __init__(self, rewards: list[ResolvedReward], advantage_fn: Callable | None, advantage_params: dict,
                  drop_zero_variance: bool, priority: str, threads: int = 32, with_rewards: bool = False,
-                 cleaning=None):
+                 cleaning=None, images=None):
         self.with_rewards = with_rewards
+        self.images = images  # `stream_ops.images.ImageCheck`: a group's images, checked first; None: not checked
         self.cleaning = cleaning  # stream_ops.ops (`ops.Cleaning`), run before scoring; None: no ops
         self.rewards, self.advantage_fn, self.advantage_params = rewards, advantage_fn, advantage_params
         self.drop, self.priority = drop_zero_variance, priority
@@ -255,6 +256,8 @@ class Scorer:
     async def ascore(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
         from streamrft.stream_ops.slow_terms import slow_components
 
+        if self.images is not None and (group.task.images or any(t.images for t in group.trajectories)):
+            await asyncio.to_thread(self.images, group)  # S3 reads on a cache miss: off the event loop
         group, dropped = self._clean(group)
         if group is None:  # the ops left fewer than 2 trajectories: filtered, no task outcome
             return None
@@ -264,6 +267,8 @@ class Scorer:
     def __call__(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
         if self.slow:
             return asyncio.run(self.ascore(group))
+        if self.images is not None:
+            self.images(group)
         group, dropped = self._clean(group)
         return None if group is None else self._score(group, {}, dropped)
 
@@ -282,5 +287,10 @@ def build_scorer(cfg: RunConfig, with_rewards: bool = False) -> Scorer:
         from streamrft.stream_ops.ops import build_cleaning
 
         cleaning = build_cleaning(cfg)
+    images = None
+    if with_rewards:  # the stream-ops worker's scorer: it checks what the trainer will read
+        from streamrft.stream_ops.images import image_check
+
+        images = image_check(cfg)
     return Scorer(resolve_rewards(cfg), advantage_fn, params, drop, cfg.stream_ops.priority, cfg.stream_ops.threads,
-                  with_rewards, cleaning)
+                  with_rewards, cleaning, images)

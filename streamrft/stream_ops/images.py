@@ -1,0 +1,80 @@
+"""Stream ops' check of a group's images, before it is scored: what the trainer would otherwise
+meet in the middle of a batch.
+
+- Every trajectory's images begin with its task's (the same references, in order).
+- With the run's processor (a vision-language `model.path` on this worker): each prompt holds
+  exactly the placeholder tokens its images expand to, and no response holds one.
+- Every image is in the run's store and is what its reference says: the bytes hash to its sha256,
+  decode as its format at its size, within the limits (`infra.media`; fetched once into this
+  worker's cache).
+- A run whose model is a text model (its `model.path` has no vision tower) takes no images.
+
+Each failure is an `InvalidRollout` naming the field, so the record becomes a dead letter.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamrft.infra.media import MediaError
+from streamrft.schemas import ImageRef, RolloutGroup
+from streamrft.stream_ops.validate import InvalidRollout
+
+
+class ImageCheck:
+    def __init__(self, media, processor=None, text_model: bool = False):
+        self.media, self.processor, self.text_model = media, processor, text_model
+        self._expected: dict[tuple[int, int], int] = {}  # (width, height) -> placeholders an image expands to
+        self.image_id = None if processor is None else processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+
+    def placeholders(self, ref: ImageRef) -> int:
+        """How many placeholder tokens the processor expands an image of this size into."""
+        size = (ref.width, ref.height)
+        if size not in self._expected:
+            from PIL import Image
+
+            ids = self.processor(text=[self.processor.image_token], images=[Image.new("RGB", size)],
+                                 return_tensors="pt")["input_ids"][0].tolist()
+            self._expected[size] = ids.count(self.image_id)
+        return self._expected[size]
+
+    def __call__(self, group: RolloutGroup) -> None:
+        task_images = group.task.images
+        if not task_images and not any(t.images for t in group.trajectories):
+            return
+        if self.text_model:
+            raise InvalidRollout("task.images", "this run's model is a text model: it takes no images")
+        for i, t in enumerate(group.trajectories):
+            if t.images[: len(task_images)] != task_images:
+                raise InvalidRollout(f"trajectories.{i}.images", "must begin with the task's images")
+            if self.image_id is not None:
+                want = sum(self.placeholders(r) for r in t.images)
+                got = t.prompt_ids.count(self.image_id)
+                if got != want:
+                    raise InvalidRollout(f"trajectories.{i}.prompt_ids",
+                                         f"{got} image placeholders for {len(t.images)} image(s) of {want} in all")
+                if self.image_id in t.response_ids:
+                    raise InvalidRollout(f"trajectories.{i}.response_ids", "an image placeholder in the response")
+        seen = set()
+        for where, refs in (("task.images", task_images),
+                            *((f"trajectories.{i}.images", t.images) for i, t in enumerate(group.trajectories))):
+            for k, ref in enumerate(refs):
+                if ref.sha256 in seen:
+                    continue
+                try:
+                    self.media.get(ref)
+                except MediaError as e:
+                    raise InvalidRollout(f"{where}.{k}.{e.field}", e.reason) from None
+                seen.add(ref.sha256)
+
+
+def image_check(cfg) -> ImageCheck:
+    """The worker's check for `cfg`'s run: with the processor when `model.path` is a vision-language
+    model here, refusing images when it is a text model, the images alone when it is not here."""
+    from streamrft.engine.models import is_vision_language, load_processor
+    from streamrft.infra.media import MediaStore
+
+    path = Path(cfg.model.path) if cfg.model.path else None
+    here = path is not None and (path / "config.json").is_file()
+    processor = load_processor(path) if here else None
+    media = MediaStore(cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media")
+    return ImageCheck(media, processor, text_model=here and not is_vision_language(path))
