@@ -19,6 +19,7 @@ which has them all too; the gpu-marked tests (`pytest -m gpu`) run them.
 | full weights | `LLM.collective_rpc("reload_weights", kwargs={weights_iterator, is_checkpoint_format=True})` -> `Worker.reload_weights` -> `GPUModelRunner.reload_weights` (V2 runner: the same): layer-wise in-place load of HF-named tensors through the model's `load_weights` (fuses qkv / gate_up, skips a tied lm_head) into the same storage, so CUDA graphs stay valid | v1/worker/gpu_worker.py; v1/worker/gpu_model_runner.py; v1/worker/gpu/model_runner.py; model_executor/model_loader/reload/layerwise.py; model_executor/models/utils.py `AutoWeightsLoader` |
 | prefix cache | `LLM.reset_prefix_cache()` -> bool (False while requests run; none do between calls) | entrypoints/llm.py; v1/engine/llm_engine.py |
 | LoRA | `LoRARequest(lora_name, lora_int_id, lora_path)`; adapters cached by id. A LoRA-enabled model's layers are wrapped (`base_layer`) and 0.27's `load_weights` does not reach through them: an engine built for LoRA takes LoRA versions only | lora/request.py; lora/layers/base.py |
+| images | `TokensPrompt(prompt_token_ids, multi_modal_data={"image": [PIL.Image, ...]})`: token ids whose placeholder runs the HF processor already expanded; vLLM's multi-modal processor finds the applied prompt updates and places each image's features there. `SamplingParams(logit_bias={token: bias})` keeps the placeholders from being sampled (the trainer's `engine/placeholders.py` hook), applied before `processed_logprobs`. Not yet run on a GPU (the `gpu` test `test_vllm_samples_a_vlm_with_its_images` is written) | inputs/data.py `TokensPrompt`; multimodal/processing.py `_apply_prompt_updates`; sampling_params.py `logit_bias` |
 | close | `llm.llm_engine.engine_core.shutdown()` (`InprocClient` -> `EngineCore.shutdown`: executor down, `gc.unfreeze`, `cleanup_dist_env_and_memory`, which empties torch's cache); nothing else frees an in-process engine in 0.27 | v1/engine/core_client.py; v1/engine/core.py; distributed/parallel_state.py |
 
 - The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set before vllm is
@@ -59,8 +60,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from streamrft.engine.models import load_tokenizer
-from streamrft.engine.rollout.base import Completion, SamplingParams, check_seeds
+from streamrft.engine.models import load_processor, load_tokenizer
+from streamrft.engine.rollout.base import Completion, SamplingParams, check_images, check_seeds
 
 MIN_TEMPERATURE = 0.01  # vllm.sampling_params._MAX_TEMP: a lower non-zero temperature is raised to it
 SEED_RANGE = 2**63  # vLLM seeds are int64
@@ -86,6 +87,14 @@ class VLLMEngine:
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(model_path)
+        self.processor = load_processor(model_path)  # a vision-language model's; None for text
+        self.banned: dict[int, float] = {}  # placeholder token -> logit bias: never sampled, as the trainer's hook
+        if self.processor is not None:
+            from transformers import AutoConfig
+
+            from streamrft.engine.placeholders import BANNED_LOGIT, placeholder_ids
+
+            self.banned = {i: BANNED_LOGIT for i in placeholder_ids(AutoConfig.from_pretrained(model_path))}
         if max_batch is not None:
             llm_kwargs.setdefault("max_num_seqs", max_batch)
         if kv_cache_gib is not None:
@@ -110,9 +119,16 @@ class VLLMEngine:
         self._adapters = tempfile.TemporaryDirectory(prefix="streamrft-lora-")
         self._lora_ids = 0
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 images: list[list] | None = None) -> list[list[Completion]]:
+        """`images`: a vision-language model's, per prompt its images (PIL) in the order of the
+        placeholder runs its ids already hold (the processor expanded them): vLLM's multi-modal
+        processor finds those runs and puts the images' features there (`multi_modal_data`)."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
+
+        if images is not None:
+            check_images(self.processor, prompt_ids, images)
 
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params.n}, {params.max_new_tokens}")
@@ -143,9 +159,15 @@ class VLLMEngine:
                 # the sampled token's log-prob always comes back, next to the k most likely
                 logprobs=max(1, k),
                 detokenize=False,
+                **({"logit_bias": self.banned} if self.banned else {}),
             )
 
-        prompts = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids for _ in range(per_prompt)]
+        def prompt(i: int) -> Any:
+            if images is None or not images[i]:
+                return TokensPrompt(prompt_token_ids=prompt_ids[i])
+            return TokensPrompt(prompt_token_ids=prompt_ids[i], multi_modal_data={"image": list(images[i])})
+
+        prompts = [prompt(i) for i in range(len(prompt_ids)) for _ in range(per_prompt)]
         outs = self.llm.generate(prompts, [request_params(i) for i in range(len(prompts))], use_tqdm=False,
                                  lora_request=self.lora_request)
         flat = [self._completion(o, k) for out in outs for o in out.outputs]  # outputs come in prompt order
