@@ -72,7 +72,7 @@ COMMIT_ATTEMPTS = 6  # backoff 0.5 s doubling: ~15 s, enough for the group to be
 
 class Trainer(Intake, UpdateLoop):
     def __init__(self, cfg: RunConfig, stop: threading.Event | None = None):
-        from streamrft.engine.models import load_policy, resolve_device
+        from streamrft.engine.models import load_policy, load_processor, resolve_device
         from streamrft.engine.training import make_train_engine
 
         torch.manual_seed(cfg.trainer.seed)
@@ -83,7 +83,13 @@ class Trainer(Intake, UpdateLoop):
         self.ckpt_dir = Path(self.tc.checkpoint_dir or Path(cfg.output_dir) / "trainer")
         self.device = resolve_device(self.tc.device)
         model, self.tokenizer = load_policy(cfg.model.path, dtype=cfg.model.dtype, device=self.device)
-        self.pixels = pixels_of(cfg)  # a vision-language model's: the images a trajectory's prompt shows
+        processor = load_processor(cfg.model.path)  # a vision-language model's; None for text
+        self.pixels = None  # pixels(trajectory): the images its prompt shows, as the explorers' engines saw them
+        if processor is not None:
+            from streamrft.engine.vlm import trajectory_pixels
+            from streamrft.infra.media import MediaStore
+
+            self.pixels = trajectory_pixels(processor, MediaStore.for_run(cfg))
         self.engine = make_train_engine(self.tc, model, cfg.model.lora)
         self.model = self.engine.model  # with LoRA: wrapped with its adapters
         self.is_main = getattr(self.engine, "is_main", True)
@@ -592,19 +598,3 @@ def run_trainer(cfg: RunConfig) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
-
-
-def pixels_of(cfg: RunConfig):
-    """For a vision-language model, `pixels(trajectory)`: its images fetched by reference (checked
-    against their hashes, cached under the run's output) and processed as the explorers' engines
-    process them, so the recomputed log-probs see the same pixels; None for a text model."""
-    from streamrft.engine.models import load_processor
-
-    processor = load_processor(cfg.model.path)
-    if processor is None:
-        return None
-    from streamrft.infra.media import MediaStore
-
-    media = MediaStore(cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media")
-    return lambda t: processor.image_processor(images=[media.image(r) for r in t.images],
-                                               return_tensors="pt")["pixel_values"]

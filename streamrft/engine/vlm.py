@@ -70,6 +70,19 @@ def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, l
     return model, processor
 
 
+def pixel_values(processor, images: list) -> torch.Tensor:
+    """The pixel values ([k, C, H, W]) of `images` (PIL), as the model sees them: the one place both
+    the explorers' engines and the trainer make them, so its recomputed log-probs see the same pixels."""
+    return processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+
+
+def trajectory_pixels(processor, media):
+    """`pixels(trajectory)` for the trainer's batches: the trajectory's images fetched by reference
+    through `media` (an `infra.media.MediaStore`: checked against their hashes, cached), then
+    `pixel_values`."""
+    return lambda t: pixel_values(processor, [media.image(r) for r in t.images])
+
+
 def image_positions(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
     """A bool mask of the image placeholder tokens (prompt tokens: never trained)."""
     return input_ids == image_token_id

@@ -108,6 +108,11 @@ class MediaStore(WeightStore):
         self.namespace, self.limits = namespace, limits
         self.cache = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "streamrft-media"  # made when first written
 
+    @classmethod
+    def for_run(cls, cfg) -> "MediaStore":
+        """The run's store (`cfg`: a `RunConfig`), cached under its output directory: what every role uses."""
+        return cls(cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media")
+
     def key(self, sha256: str, mime: str) -> str:
         return f"{self.namespace}/media/{sha256}.{EXTENSIONS[mime]}"
 

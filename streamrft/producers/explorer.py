@@ -89,8 +89,7 @@ class Explorer:
                 from streamrft.infra.media import MediaStore
                 from streamrft.producers.workflows.prompts import TaskImages
 
-                self.engine.vision = TaskImages(self.engine.processor, MediaStore(
-                    cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media"))
+                self.engine.vision = TaskImages(self.engine.processor, MediaStore.for_run(cfg))
         except BaseException:
             self.members.stop()
             self.admission.stop()

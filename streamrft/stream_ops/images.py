@@ -24,7 +24,7 @@ class ImageCheck:
     def __init__(self, media, processor=None, text_model: bool = False):
         self.media, self.processor, self.text_model = media, processor, text_model
         self._expected: dict[tuple[int, int], int] = {}  # (width, height) -> placeholders an image expands to
-        self.image_id = None if processor is None else processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+        self.image_id = None if processor is None else processor.image_token_id
 
     def placeholders(self, ref: ImageRef) -> int:
         """How many placeholder tokens the processor expands an image of this size into."""
@@ -76,5 +76,4 @@ def image_check(cfg) -> ImageCheck:
     path = Path(cfg.model.path) if cfg.model.path else None
     here = path is not None and (path / "config.json").is_file()
     processor = load_processor(path) if here else None
-    media = MediaStore(cfg.s3, cfg.namespace, Path(cfg.output_dir) / "cache" / "media")
-    return ImageCheck(media, processor, text_model=here and not is_vision_language(path))
+    return ImageCheck(MediaStore.for_run(cfg), processor, text_model=here and not is_vision_language(path))

@@ -57,7 +57,7 @@ def check_images(processor: Any, prompt_ids: list[list[int]], images: list[list]
         raise ValueError("images given to a text model: the model directory has no image processor")
     if len(images) != len(prompt_ids):
         raise ValueError(f"{len(images)} image lists for {len(prompt_ids)} prompts: need one per prompt")
-    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    image_id = processor.image_token_id
     for i, (ids, imgs) in enumerate(zip(prompt_ids, images)):
         groups = sum(1 for k, t in enumerate(ids) if t == image_id and (k == 0 or ids[k - 1] != image_id))
         if groups != len(imgs):

@@ -96,8 +96,10 @@ class TransformersEngine:
         """Per prompt its images' pixel values ([k, C, H, W], the processor's: what the trainer
         recomputes with), or None for a prompt without images."""
         check_images(self.processor, prompt_ids, images)
-        return [self.processor.image_processor(images=imgs, return_tensors="pt")["pixel_values"].to(
-                    self.device, self.model.dtype) if imgs else None for imgs in images]
+        from streamrft.engine.vlm import pixel_values
+
+        return [pixel_values(self.processor, imgs).to(self.device, self.model.dtype) if imgs else None
+                for imgs in images]
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         seeds: list[int] | None = None,

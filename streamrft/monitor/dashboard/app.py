@@ -82,10 +82,11 @@ def create_app(state: RunState | list[RunState], decoder: Callable[[], Decode] |
               n: int = Query(LINE_POINTS, ge=10, le=20000)) -> JSONResponse:
         out = {}
         for key in keys.split(","):
-            line = find_line(states, key)
-            if line is None:
+            found = find_line(states, key)
+            if found is None:
                 raise HTTPException(404, f"keys: no line {key!r}")
-            with states[int(key.partition(":")[0])].lock:
+            state, line = found
+            with state.lock:
                 out[key] = downsample(line.xs, line.ys, n, x0, x1)
         return JSONResponse({"lines": out})
 

@@ -34,11 +34,12 @@ def lines_of(states: list[RunState]):
             yield line_key(k, key), ln, label
 
 
-def find_line(states: list[RunState], key: str) -> Line | None:
+def find_line(states: list[RunState], key: str) -> tuple[RunState, Line] | None:
+    """The run and the line a page key names, or None."""
     run, _, name = key.partition(":")
-    if not run.isdigit() or int(run) >= len(states):
+    if not run.isdigit() or int(run) >= len(states) or name not in states[int(run)].lines:
         return None
-    return states[int(run)].lines.get(name)
+    return states[int(run)], states[int(run)].lines[name]
 
 
 class Feed:

@@ -242,6 +242,7 @@ class RunState:
         self.tokenizer = False  # the viewer's tokenizer is loaded (the page then asks for text again)
         self.seen: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset seen
         self.committed: dict[str, dict[tuple[str, int], int]] = {}
+        self._tables: tuple[int, dict] | None = None  # (revision, tables()) made last
 
     @property
     def groups_seen(self) -> int:
@@ -342,7 +343,13 @@ class RunState:
 
     # ---- read by the page (callers hold the lock) -----------------------------------------------
     def tables(self) -> dict:
-        """All the page shows but the lines: small, sent again whole when any of it changed."""
+        """All the page shows but the lines (each table sent again when it changed), made once a
+        revision however many pages are open. Callers hold the lock and do not modify it."""
+        if self._tables is None or self._tables[0] != self.revision:
+            self._tables = (self.revision, self._make_tables())
+        return self._tables[1]
+
+    def _make_tables(self) -> dict:
         return {
             "namespace": self.namespace, "t0": self.t0, "trainer": self.trainer_last,
             "last_eval": self.last_eval, "evals_seen": self.evals_seen, "finished": self.finished,
