@@ -81,6 +81,29 @@ def namespace(request) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    _long_files_first(items)
+    _skip_gpu_tests_without_one(items)
+
+
+def _long_files_first(items) -> None:
+    """Files holding a `slow` or `real_model` test go first, the whole-loop ones (tests/test_*.py) first of all.
+
+    CI spreads whole files over three workers (`--dist loadfile`) in collection order. Collected
+    alphabetically, the longest end-to-end files (tests/test_*.py) came last, so one worker ran a
+    three-minute file while the others had nothing left; started first, the short files fill in
+    around them.
+    """
+    long_files = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("real_model")}
+
+    def order(item) -> tuple[int, int]:
+        if item.path not in long_files:
+            return (1, 0)
+        return (0, len(item.path.parts))
+
+    items.sort(key=order)  # stable: files and the tests in each keep their order
+
+
+def _skip_gpu_tests_without_one(items) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
