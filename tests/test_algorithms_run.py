@@ -26,6 +26,8 @@ def test_run_with_each_online_algorithm(stack, tmp_path, algo):
         extra.append(f"algorithm.advantage.params={{teacher_path: {tmp_path / 'base'}}}")
     if algo in ("ppo", "reinforce_pp", "opd"):
         extra.append("stream_ops.drop_zero_variance=false")
+    if algo == "grpo":  # the default launch, a fresh interpreter a role, runs here (the other runs fork theirs)
+        extra.append("fork_roles=false")
     res = subprocess.run([sys.executable, "-m", "streamrft.cli", "run", str(ROOT / "examples" / "cpu_demo.yaml"),
                           *demo_overrides(stack, tmp_path, extra)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
