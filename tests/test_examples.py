@@ -155,3 +155,38 @@ def test_judge_example_scores_with_a_local_judge_that_falls_back():
     assert term.name == "judge" and term.params["backend"] == "local" and term.fallback == 0.0
     assert "{response}" in term.params["template"] and "{answer}" in term.params["template"]
     assert cfg.model.build is not None and cfg.data.synthetic["task"] == "reverse"
+
+
+def test_vlm_example_prepares_a_vision_language_model_picture_tasks_and_a_warmup_on_them(tmp_path):
+    import torch
+    from PIL import Image
+
+    from streamrft.engine.models import is_vision_language, load_policy, load_processor
+    from streamrft.producers.image_tasks import ALPHABET, split_of
+
+    base_cfg = load_config(ROOT / "examples" / "vlm_cpu.yaml")
+    assert base_cfg.model.build.vision is not None and base_cfg.stream_ops.rewards[0].name == "exact_match"
+    cfg, rows = _prepared("vlm_cpu.yaml", tmp_path, steps=4)
+    assert cfg.model.path.endswith("stage-0-sft") and is_vision_language(cfg.model.path)
+    proc = load_processor(cfg.model.path)  # the stage saved its processor beside the weights
+    assert proc.tokenizer.unk_token_id not in proc.tokenizer(ALPHABET, add_special_tokens=False).input_ids
+    eval_rows = [json.loads(line) for line in open(cfg.data.eval)]
+    assert len(rows) == 50 and len(eval_rows) == 10
+    for split, some in (("train", rows), ("eval", eval_rows)):
+        for r in some:  # a path relative to the task file, to a picture of this split by its pixels' hash
+            im = Image.open(Path(cfg.data.train).parent / r["image"])
+            assert im.size == (32, 32) and split_of(im.convert("RGB").tobytes()) == split
+    # the warm-up trained the vision tower: the pictures' pixels reached the loss
+    built, _ = load_policy(tmp_path / "base")
+    warmed, _ = load_policy(cfg.model.path)
+    tower = [n for n, _ in built.named_parameters() if "vision_tower" in n]
+    assert tower and any(not torch.equal(dict(built.named_parameters())[n], dict(warmed.named_parameters())[n]) for n in tower)
+
+
+def test_a_tiny_vision_spec_names_what_does_not_fit():
+    from streamrft.config.base import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.build.vision: patch_size \(5\) must divide image_size \(32\)"):
+        load_config(ROOT / "examples" / "vlm_cpu.yaml", ["model.build.vision.patch_size=5"])
+    with pytest.raises(ConfigError, match=r"model.build.vision: heads \(3\) must divide hidden_size \(64\)"):
+        load_config(ROOT / "examples" / "vlm_cpu.yaml", ["model.build.vision.heads=3"])

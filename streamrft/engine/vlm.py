@@ -37,9 +37,10 @@ def image_processor(image_size: int):
 def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, layers: int = 2, heads: int = 4,
                    image_size: int = 32, patch_size: int = 8, vision_hidden_size: int = 64,
                    vision_layers: int = 2, vision_heads: int = 4, max_positions: int = 256,
-                   seed: int = 0) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+                   seed: int = 0, kv_heads: int | None = None,
+                   intermediate_size: int | None = None) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
     """A freshly initialised tiny LLaVA over a char tokenizer of `alphabet`, saved with its
-    processor to `out_dir`."""
+    processor to `out_dir` (`model.build` with `vision`: `TinyModelSpec`, `TinyVisionSpec`)."""
     if image_size % patch_size:
         raise ValueError(f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})")
     tok = build_char_tokenizer(alphabet)
@@ -48,8 +49,8 @@ def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, l
     vision = CLIPVisionConfig(hidden_size=vision_hidden_size, intermediate_size=4 * vision_hidden_size,
                               num_hidden_layers=vision_layers, num_attention_heads=vision_heads,
                               image_size=image_size, patch_size=patch_size, num_channels=3)
-    text = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size or 4 * hidden_size,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
                        max_position_embeddings=max_positions, tie_word_embeddings=True,
                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
@@ -68,6 +69,20 @@ def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, l
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
     return model, processor
+
+
+def image_prompt_ids(processor, prompt: str, images: list, chat: bool = False) -> list[int]:
+    """The prompt's token ids with every image's placeholders: one image token per image before the
+    text, or with `chat` and a processor that has a chat template, one user turn of image parts and
+    the text; the processor expands each image token into its placeholders. What explorers roll
+    out from and what warm-up SFT trains on, alike."""
+    if chat and getattr(processor, "chat_template", None):
+        content = [*({"type": "image"} for _ in images), {"type": "text", "text": prompt}]
+        text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+    else:
+        text = processor.image_token * len(images) + prompt
+    return processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
 
 
 def pixel_values(processor, images: list) -> torch.Tensor:

@@ -21,10 +21,11 @@ EVAL_SEED_OFFSET = 10_000
 """An environment's eval tasks are drawn with seed + this: other draws than its train tasks."""
 
 
-def _synthetic_rows(spec: dict, split: str, n: int) -> list[dict]:
+def _synthetic_rows(spec: dict, split: str, n: int, folder: Path) -> list[dict]:
     """`n` tasks of `spec["task"]`: the reverse demo, arithmetic for an instruct model
-    (`addition`), or a shipped environment's (`envs.TASKS`), called with the spec's other keys
-    (e.g. `high: 8` for guess_number)."""
+    (`addition`), pictures for a vision-language model (`images`: `producers/image_tasks.py`,
+    each written to `folder/images/`), or a shipped environment's (`envs.TASKS`), called with the
+    spec's other keys (e.g. `high: 8` for guess_number, `kinds: [count, digit]` for images)."""
     from streamrft.producers import arithmetic_tasks
     from streamrft.producers.envs import TASKS
     from streamrft.producers.synthetic import make_demo_tasks
@@ -35,8 +36,13 @@ def _synthetic_rows(spec: dict, split: str, n: int) -> list[dict]:
         return make_demo_tasks(n, seed=seed, split=split, **params)
     if task == "addition":
         return arithmetic_tasks.make_tasks(n, seed=seed, split=split, **params)
+    if task == "images":
+        from streamrft.producers.image_tasks import make_image_tasks
+
+        rows = make_image_tasks(n, folder / "images", seed=seed, split=split, **params)
+        return [{**r, "image": f"images/{r['image']}"} for r in rows]  # a path relative to the task file
     if task not in TASKS:
-        raise ValueError(f"data.synthetic.task={task!r} is not one of {['reverse', 'addition', *sorted(TASKS)]}")
+        raise ValueError(f"data.synthetic.task={task!r} is not one of {['reverse', 'addition', 'images', *sorted(TASKS)]}")
     return TASKS[task](n, seed=seed + (EVAL_SEED_OFFSET if split == "eval" else 0), **params)
 
 
@@ -50,7 +56,7 @@ def prepare_data(cfg: RunConfig, out: Path) -> None:
         path = Path(getattr(cfg.data, attr) or out / "data" / f"{split}.jsonl")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_jsonl(_synthetic_rows(spec, split, size), path)
+            write_jsonl(_synthetic_rows(spec, split, size, path.parent), path)
         setattr(cfg.data, attr, str(path))
 
 
@@ -62,10 +68,12 @@ def prepare_model(cfg: RunConfig) -> None:
     ensure_model(cfg)
 
 
-def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
+def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple]:
     """A stage's (prompt, completion) pairs: a JSONL `path`; with `judge: {template}`, the reversal
-    judge's lessons (`producers.judge_data`); or the synthetic task's warm-up pairs (`complete_frac`
-    of them with the full answer, the rest with only its first letter)."""
+    judge's lessons (`producers.judge_data`); for the synthetic `images` task, (question, answer,
+    [picture]) of `data.size` fresh training pictures (`producers/image_tasks.py`, drawn with
+    `data.seed`, never an eval one); or the synthetic task's warm-up pairs (`complete_frac` of them
+    with the full answer, the rest with only its first letter)."""
     from streamrft.producers.synthetic import make_warmup_pairs
 
     data = stage.data
@@ -73,6 +81,12 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple[str, str]]:
         rows = [json.loads(line) for line in Path(data["path"]).read_text().splitlines() if line.strip()]
         return [(r["prompt"], r["completion"]) for r in rows]
     spec = {**(cfg.data.synthetic or {}), **data.get("synthetic", {})}
+    if spec.get("task") == "images":
+        from streamrft.producers.image_tasks import draw_tasks
+
+        params = {k: tuple(v) if k == "kinds" else v for k, v in spec.items() if k in ("kinds", "size")}
+        return [(row["prompt"], row["answer"], [im])
+                for row, im, _ in draw_tasks(data.get("size", 500), seed=data.get("seed", 0), split="train", **params)]
     lens = {k: spec[k] for k in ("min_len", "max_len") if k in spec}
     if "judge" in data:
         from streamrft.producers.judge_data import JUDGE_TEMPLATE, make_judge_pairs

@@ -58,16 +58,17 @@ def final_eval(cfg: RunConfig, version: int | None) -> float:
     from streamrft.engine.weights import fetch_state_dict
     from streamrft.infra.objectstore import WeightStore
     from streamrft.producers.evaluate import evaluate_run
-    from streamrft.producers.tasks import load_task_file
+    from streamrft.producers.tasks import run_task_file
+    from streamrft.producers.workflows.prompts import attach_vision
 
     engine = engine_from_config(cfg)
     try:
+        attach_vision(engine, cfg)
         if version is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 state, meta = fetch_state_dict(WeightStore(cfg.s3), cfg.weights_key, version, Path(tmp))
                 engine.load_weights(state, version, LoraSpec.from_manifest(meta))
-        tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
-        return evaluate_run(engine, tasks, cfg)
+        return evaluate_run(engine, run_task_file(cfg, cfg.data.eval, cfg.eval.max_tasks), cfg)
     finally:
         # vLLM: its GPU memory back before the roles start (the start eval runs alone on the GPU)
         close = getattr(engine, "close", None)

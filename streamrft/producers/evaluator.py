@@ -24,7 +24,8 @@ from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
 from streamrft.infra.objectstore import WeightStore
 from streamrft.monitor.prometheus import role_metrics
-from streamrft.producers.tasks import load_task_file
+from streamrft.producers.tasks import run_task_file
+from streamrft.producers.workflows.prompts import attach_vision
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.schemas import Metric, encode, topic_name
 
@@ -50,7 +51,8 @@ class Evaluator:
         self.id = f"evaluator-{os.getpid()}"
         self.stop = stop or threading.Event()
         self.engine = engine_from_config(cfg)
-        self.tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
+        attach_vision(self.engine, cfg)
+        self.tasks = run_task_file(cfg, cfg.data.eval, cfg.eval.max_tasks)
         self.producer = make_producer(cfg.kafka)
         self.fixed = cfg.eval.schedule == "fixed"
         self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, WeightStore(cfg.s3), cfg.model.name, cfg.weights_key,

@@ -31,6 +31,7 @@ from typing import Any
 
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import flush_or_raise, make_producer
+from streamrft.infra.media import MediaStore
 from streamrft.infra.objectstore import WeightStore
 from streamrft.monitor.prometheus import role_metrics
 from streamrft.producers.admission import explorer_share, groups_per_version, headroom
@@ -39,9 +40,10 @@ from streamrft.producers.fold_snapshot import FoldSnapshots
 from streamrft.producers.membership import Membership
 from streamrft.producers.task_selection import TaskStats, make_selector, uses_stats
 from streamrft.producers.task_stats import TaskStatsReader
-from streamrft.producers.tasks import FileTasks, load_task_file, make_task_source
+from streamrft.producers.tasks import FileTasks, make_task_source, run_task_file
 from streamrft.producers.weights_watcher import WeightsWatcher
 from streamrft.producers.workflows import make_workflow
+from streamrft.producers.workflows.prompts import attach_vision
 from streamrft.schemas import Metric, encode, topic_name
 from streamrft.stream_ops.rewards import check_tasks
 
@@ -85,11 +87,7 @@ class Explorer:
             self.store = WeightStore(cfg.s3)
             self.watcher = WeightsWatcher(cfg.kafka, cfg.namespace, self.store, cfg.model.name, cfg.weights_key,
                                           Path(cfg.output_dir) / "cache" / self.id)
-            if getattr(self.engine, "processor", None) is not None:  # a vision-language model: tasks show images
-                from streamrft.infra.media import MediaStore
-                from streamrft.producers.workflows.prompts import TaskImages
-
-                self.engine.vision = TaskImages(self.engine.processor, MediaStore.for_run(cfg))
+            attach_vision(self.engine, cfg)  # a vision-language model: tasks show images
         except BaseException:
             self.members.stop()
             self.admission.stop()
@@ -125,7 +123,7 @@ class Explorer:
         t0 = time.monotonic()
         evaluated.add(v)
         if self.eval_tasks is None:
-            self.eval_tasks = load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks]
+            self.eval_tasks = run_task_file(cfg, cfg.data.eval, cfg.eval.max_tasks)
         score = evaluate_run(self.engine, self.eval_tasks, cfg)
         self._metric({"eval_reward": score, "version": v}, role="eval")
         log.info("eval v%d: %.3f", v, score)
@@ -149,7 +147,8 @@ class Explorer:
         stats = TaskStats(getattr(selector, "window", 64))
         reader = (TaskStatsReader(cfg.kafka, cfg.namespace, stats, FoldSnapshots(cfg.s3, cfg.namespace))
                   if uses_stats(ex.task_selector) else None)
-        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=seed, selector=selector, stats=stats)
+        tasks = make_task_source(cfg.data, cfg.kafka, cfg.namespace, seed=seed, selector=selector, stats=stats,
+                                 media=MediaStore.for_run(cfg))
         if isinstance(tasks, FileTasks):  # a task its rewards cannot score is refused now, not dead-lettered later
             check_tasks(cfg.stream_ops.rewards, tasks.tasks)
         run = _Run(tasks, reader, stats, selector)

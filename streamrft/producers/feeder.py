@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from streamrft.config import RunConfig
 from streamrft.infra.kafka import ensure_topics, flush_or_raise, make_producer, run_topics
-from streamrft.producers.tasks import load_task_file
+from streamrft.producers.tasks import run_task_file
 from streamrft.schemas import encode, topic_name
 
 
@@ -17,7 +17,7 @@ def feed_tasks(cfg: RunConfig, path: str | None = None, epochs: int = 1) -> int:
     path = path or cfg.data.train
     if not path:
         raise ValueError("nothing to feed: give a file or set data.train")
-    tasks = load_task_file(path, cfg.data.prompt_key, cfg.data.answer_key)
+    tasks = run_task_file(cfg, path)
     ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
     producer = make_producer(cfg.kafka)
     topic = topic_name(cfg.namespace, "tasks")

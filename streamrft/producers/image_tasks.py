@@ -90,30 +90,37 @@ def draw_task(kind: str, rng: random.Random, size: int = 32):
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
 
 
-def make_image_tasks(n: int, out_dir: str | Path, kinds: tuple[str, ...] = KINDS, seed: int = 0,
-                     split: str = "train", size: int = 32) -> list[dict]:
-    """`n` tasks `{"task_id", "prompt", "answer", "image", "metadata"}` of `split`, each picture
-    written to `out_dir/<sha256 of its pixels>.png` (`image` names the file). Kinds take turns.
-    Deterministic in (n, kinds, seed, split, size)."""
+def draw_tasks(n: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, split: str = "train", size: int = 32):
+    """`n` tasks of `split` as (row `{"task_id", "prompt", "answer", "metadata"}`, picture, the sha256 of
+    its pixels). Kinds take turns. Deterministic in (n, kinds, seed, split, size)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
     for k in kinds:
         if k not in KINDS:
             raise ValueError(f"kinds: {k!r} is not one of {', '.join(KINDS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(f"{seed}:{split}")
-    rows: list[dict] = []
-    while len(rows) < n:
-        kind = kinds[len(rows) % len(kinds)]
+    made = 0
+    while made < n:
+        kind = kinds[made % len(kinds)]
         im, answer = draw_task(kind, rng, size)
         pixels = im.tobytes()
         if split_of(pixels) != split:
             continue
-        digest = hashlib.sha256(pixels).hexdigest()
+        yield ({"task_id": f"{kind}-{split}-{made}", "prompt": PROMPTS[kind], "answer": answer, "metadata": {"kind": kind}},
+               im, hashlib.sha256(pixels).hexdigest())
+        made += 1
+
+
+def make_image_tasks(n: int, out_dir: str | Path, kinds: tuple[str, ...] = KINDS, seed: int = 0,
+                     split: str = "train", size: int = 32) -> list[dict]:
+    """`draw_tasks` as task-file rows, each picture written to `out_dir/<sha256 of its pixels>.png`
+    (the row's `image` names the file)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for row, im, digest in draw_tasks(n, tuple(kinds), seed, split, size):
         path = out / f"{digest}.png"
         if not path.exists():
             im.save(path, format="PNG")
-        rows.append({"task_id": f"{kind}-{split}-{len(rows)}", "prompt": PROMPTS[kind], "answer": answer,
-                     "image": path.name, "metadata": {"kind": kind}})
+        rows.append({**row, "image": path.name})
     return rows

@@ -18,10 +18,11 @@ IMAGE_KEYS = ("image", "images")  # a row's picture(s): a path (relative to the 
 
 
 def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer",
-                   media=None) -> list[Task]:
+                   media=None, with_images: bool = True) -> list[Task]:
     """Read every row of a JSONL / Parquet file into Tasks (a stable task_id per row). A row's
     `image` (one) or `images` (a list) are stored in S3 by `media` (an `infra.media.MediaStore`)
-    and become the task's `images` references; a file with images needs `media`."""
+    and become the task's `images` references; a file with images needs `media`, unless
+    `with_images` is False (the tasks' text alone, their images left out)."""
     from datasets import load_dataset
 
     path = Path(path)
@@ -40,13 +41,23 @@ def load_task_file(path: str | Path, prompt_key: str = "prompt", answer_key: str
         try:
             tasks.append(Task(task_id=str(row.get("task_id") or f"{path.stem}-{i}"), prompt=row[prompt_key],
                               answer=None if answer is None else str(answer), metadata=meta,
-                              images=_row_images(row, path, i, media)))
+                              images=_row_images(row, path, i, media) if with_images else []))
         except ValidationError as e:  # e.g. NaN or a date in an extra column: not a JSON value
             err = e.errors()[0]
             where = ".".join(str(x) for x in err["loc"])
             raise ValueError(f"task file {path} row {i}: {where}: {err['msg']} (extra columns become "
                              f"metadata, which must be JSON values)") from None
     return tasks
+
+
+def run_task_file(cfg, path: str | Path | None = None, limit: int | None = None) -> list[Task]:
+    """The tasks of one of the run's files (`cfg`: a `RunConfig`; default `data.train`), the first
+    `limit` of them, any images stored in the run's media store (`infra.media.MediaStore.for_run`)."""
+    from streamrft.infra.media import MediaStore
+
+    tasks = load_task_file(path or cfg.data.train, cfg.data.prompt_key, cfg.data.answer_key,
+                           media=MediaStore.for_run(cfg))
+    return tasks if limit is None else tasks[:limit]
 
 
 def _row_images(row: dict, path: Path, i: int, media) -> list:
@@ -130,11 +141,12 @@ class TopicTasks:
 
 
 def make_task_source(data: DataConfig, kafka: KafkaConfig, namespace: str, seed: int,
-                     on_bad=None, selector=None, stats: TaskStats | None = None) -> FileTasks | TopicTasks:
-    """Tasks of `data`: a file's through `selector` (default sequential) with `stats`, or the topic's in order."""
+                     on_bad=None, selector=None, stats: TaskStats | None = None, media=None) -> FileTasks | TopicTasks:
+    """Tasks of `data`: a file's through `selector` (default sequential) with `stats`, or the topic's in
+    order. `media`: where a file's images are stored (`load_task_file`)."""
     if data.source == "topic":
         return TopicTasks(kafka, namespace, on_bad)
     if not data.train:
         raise ValueError("data.train must name a task file when data.source is 'file'")
-    tasks = load_task_file(data.train, data.prompt_key, data.answer_key)
+    tasks = load_task_file(data.train, data.prompt_key, data.answer_key, media=media)
     return FileTasks(tasks, data.shuffle, seed, selector, stats)

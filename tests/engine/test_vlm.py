@@ -43,3 +43,29 @@ def test_a_tiny_vlm_loads_as_any_hub_vlm_and_sees_its_image(tmp_path):
     assert torch.equal(a, again)  # the same pixels, the same log-probs
     assert not torch.allclose(a, swapped)  # another picture, other log-probs: the model sees it
     assert out.shape[1] == inputs["input_ids"].shape[1] + 3
+
+
+def test_an_image_pair_is_laid_out_as_explorers_prompt_and_trains_only_the_answer(tmp_path):
+    from PIL import Image
+
+    from streamrft.engine.sft import _batch, _pixels, image_pair_sequence
+    from streamrft.engine.vlm import image_prompt_ids, pixel_values
+
+    _, proc = build_tiny_vlm(tmp_path / "m", ALPHABET)
+    im = Image.new("RGB", (32, 32), (255, 0, 0))
+    ids, mask, pixels = image_pair_sequence(proc, "which digit?", "7", [im])
+    prompt = image_prompt_ids(proc, "which digit?", [im])  # what an explorer rolls out from
+    tok = proc.tokenizer
+    assert ids[: len(prompt)] == prompt
+    assert ids[len(prompt):] == [tok.convert_tokens_to_ids("7"), tok.eos_token_id]
+    assert mask == [0] * len(prompt) + [1, 1]
+    assert prompt.count(proc.image_token_id) == 16  # (32 / 8)^2 placeholders, never trained
+    assert torch.equal(pixels, pixel_values(proc, [im]))
+    # a batch of a text row and two image rows: the pixels in row order, the labels only the answers
+    text_ids = tok("abc").input_ids + [tok.eos_token_id]
+    text = (text_ids, [0] * (len(text_ids) - 2) + [1, 1])
+    blue = image_pair_sequence(proc, "which digit?", "1", [Image.new("RGB", (32, 32), (0, 0, 255))])
+    seqs = [(ids, mask, pixels), text, blue]
+    assert torch.equal(_pixels(seqs), torch.cat([pixels, blue[2]]))
+    _, _, labels = _batch(tok, seqs)
+    assert (labels[0] != -100).sum() == 2 and (labels[1] != -100).sum() == 2

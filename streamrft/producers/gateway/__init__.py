@@ -43,6 +43,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
     from streamrft.producers.gateway.teams import TeamKeys
     from streamrft.producers.gateway.worker import EngineWorker
     from streamrft.producers.weights_watcher import WeightsWatcher
+    from streamrft.producers.workflows.prompts import attach_vision
     from streamrft.schemas import Metric, encode, topic_name
 
     gcfg, ex = cfg.gateway, cfg.explorer
@@ -53,6 +54,7 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
     gateway_id = f"gateway-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ensure_topics(cfg.kafka, run_topics(cfg.kafka, cfg.namespace, cfg.teams))
     engine = engine_from_config(cfg)
+    attach_vision(engine, cfg)
     store = WeightStore(cfg.s3)
     watcher = WeightsWatcher(cfg.kafka, cfg.namespace, store, cfg.model.name, cfg.weights_key,
                              Path(cfg.output_dir) / "cache" / gateway_id)
@@ -101,11 +103,11 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
         if v in evaluated or v % cfg.eval.every_versions:
             return
         from streamrft.producers.evaluate import evaluate_run
-        from streamrft.producers.tasks import load_task_file
+        from streamrft.producers.tasks import run_task_file
 
         evaluated.add(v)
         if not eval_tasks:
-            eval_tasks.extend(load_task_file(cfg.data.eval, cfg.data.prompt_key, cfg.data.answer_key)[: cfg.eval.max_tasks])
+            eval_tasks.extend(run_task_file(cfg, cfg.data.eval, cfg.eval.max_tasks))
         score = evaluate_run(engine, eval_tasks, cfg)
         metric(Metric.of_finite("eval", gateway_id, v, {"eval_reward": score, "version": v}))
         log.info("eval v%d: %.3f", v, score)

@@ -29,16 +29,21 @@ class TaskImages:
 
     def prompt(self, task: Task, chat: bool = False) -> tuple[list[int], list]:
         """(prompt ids with every image's placeholders, the images as PIL)."""
+        from streamrft.engine.vlm import image_prompt_ids
+
         images = [self.media.image(ref) for ref in task.images]
-        token = self.processor.image_token
-        if chat and getattr(self.processor, "chat_template", None):
-            content = [*({"type": "image"} for _ in images), {"type": "text", "text": task.prompt}]
-            text = self.processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                      add_generation_prompt=True)
-        else:
-            text = token * len(images) + task.prompt
-        ids = self.processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
-        return ids, images
+        return image_prompt_ids(self.processor, task.prompt, images, chat), images
+
+
+def attach_vision(engine, cfg) -> None:
+    """Let `engine` show tasks' images if its model is a vision-language one (it has a processor):
+    its `vision` fetches them from the run's media store (`cfg`: a `RunConfig`). Explorers, the
+    evaluator and `streamrft run`'s own evals all call it."""
+    if getattr(engine, "processor", None) is None:
+        return
+    from streamrft.infra.media import MediaStore
+
+    engine.vision = TaskImages(engine.processor, MediaStore.for_run(cfg))
 
 
 def prompt_of(engine, task: Task, chat: bool = False) -> tuple[list[int], list | None]:
