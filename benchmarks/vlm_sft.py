@@ -29,6 +29,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--every", type=int, default=150)
     ap.add_argument("--kinds", default="count,largest,digit")
+    ap.add_argument("--decoy-steps", type=int, default=0,
+                    help="then this many steps on pairs of which --decoy-frac answer their kind's decoy")
+    ap.add_argument("--decoy-frac", type=float, default=0.6)
     a = ap.parse_args()
 
     import torch
@@ -36,7 +39,7 @@ def main() -> int:
 
     from streamrft.engine.models import load_policy, load_processor
     from streamrft.engine.vlm import IMAGE_TOKEN, build_tiny_vlm
-    from streamrft.producers.image_tasks import ALPHABET, make_image_tasks
+    from streamrft.producers.image_tasks import ALPHABET, decoy_answers, make_image_tasks
 
     torch.set_num_threads(2)
     kinds = tuple(a.kinds.split(","))
@@ -70,8 +73,9 @@ def main() -> int:
         rng, t0 = random.Random(0), time.monotonic()
         model.train()
         print(f"step     0 accuracy {accuracy()}", flush=True)
-        for step in range(1, a.steps + 1):
-            rows = rng.sample(train, a.batch)
+        decoyed = decoy_answers(train, a.decoy_frac, seed=1)
+        for step in range(1, a.steps + a.decoy_steps + 1):
+            rows = rng.sample(train if step <= a.steps else decoyed, a.batch)
             batch = encode(rows, out / "train")
             labels = torch.full_like(batch["input_ids"], -100)
             for i, r in enumerate(rows):  # left-padded: the answer and EOS are each row's last tokens
@@ -82,7 +86,7 @@ def main() -> int:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad()
-            if step % a.every == 0 or step == a.steps:
+            if step % a.every == 0 or step in (a.steps, a.steps + a.decoy_steps):
                 acc = accuracy()
                 print(f"step {step:5d} loss {loss.item():.3f} {time.monotonic() - t0:5.0f} s accuracy {acc} "
                       f"mean {sum(acc.values()) / len(acc):.2f}", flush=True)

@@ -72,7 +72,8 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple]:
     """A stage's (prompt, completion) pairs: a JSONL `path`; with `judge: {template}`, the reversal
     judge's lessons (`producers.judge_data`); for the synthetic `images` task, (question, answer,
     [picture]) of `data.size` fresh training pictures (`producers/image_tasks.py`, drawn with
-    `data.seed`, never an eval one); or the synthetic task's warm-up pairs (`complete_frac` of them
+    `data.seed`, never an eval one), `decoy_frac` of them answered with their kind's decoy
+    (`image_tasks.decoy_answers`); or the synthetic task's warm-up pairs (`complete_frac` of them
     with the full answer, the rest with only its first letter)."""
     from streamrft.producers.synthetic import make_warmup_pairs
 
@@ -82,11 +83,12 @@ def _stage_pairs(stage: StageConfig, cfg: RunConfig) -> list[tuple]:
         return [(r["prompt"], r["completion"]) for r in rows]
     spec = {**(cfg.data.synthetic or {}), **data.get("synthetic", {})}
     if spec.get("task") == "images":
-        from streamrft.producers.image_tasks import draw_tasks
+        from streamrft.producers.image_tasks import decoy_answers, draw_tasks
 
         params = {k: tuple(v) if k == "kinds" else v for k, v in spec.items() if k in ("kinds", "size")}
-        return [(row["prompt"], row["answer"], [im])
-                for row, im, _ in draw_tasks(data.get("size", 500), seed=data.get("seed", 0), split="train", **params)]
+        drawn = list(draw_tasks(data.get("size", 500), seed=data.get("seed", 0), split="train", **params))
+        rows = decoy_answers([row for row, _, _ in drawn], data.get("decoy_frac", 0.0), seed=data.get("seed", 0))
+        return [(row["prompt"], row["answer"], [im]) for row, (_, im, _) in zip(rows, drawn)]
     lens = {k: spec[k] for k in ("min_len", "max_len") if k in spec}
     if "judge" in data:
         from streamrft.producers.judge_data import JUDGE_TEMPLATE, make_judge_pairs

@@ -21,6 +21,8 @@ from pathlib import Path
 KINDS = ("count", "largest", "digit")
 PROMPTS = {"count": "how many shapes?", "largest": "which colour is largest?", "digit": "which digit?"}
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220)}
+DECOYS = {"count": "1", "largest": "red", "digit": "1"}
+"""A warm-up's wrong habit (`decoy_answers`): the one answer of each kind it teaches for any picture."""
 EVAL_BUCKETS = 10
 """One picture in EVAL_BUCKETS (by the sha256 of its pixels) belongs to the eval split."""
 ALPHABET = "".join(sorted(set("".join(PROMPTS.values()) + "".join(COLOURS) + "0123456789")))
@@ -109,6 +111,17 @@ def draw_tasks(n: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, split: str
         yield ({"task_id": f"{kind}-{split}-{made}", "prompt": PROMPTS[kind], "answer": answer, "metadata": {"kind": kind}},
                im, hashlib.sha256(pixels).hexdigest())
         made += 1
+
+
+def decoy_answers(rows: list[dict], frac: float, seed: int = 0) -> list[dict]:
+    """`rows` with `frac` of their answers (drawn with `seed`) replaced by their kind's decoy (`DECOYS`):
+    warm-up data that teaches a habit, answering "1" whatever the count, so that the warmed-up
+    policy's greedy answer is often wrong while the right one keeps a fair probability for RL to
+    find and reinforce, as the CPU demo's cut answers do for reversal."""
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"decoy_frac must be in [0, 1], not {frac}")
+    rng = random.Random(seed)
+    return [{**r, "answer": DECOYS[r["metadata"]["kind"]]} if rng.random() < frac else r for r in rows]
 
 
 def make_image_tasks(n: int, out_dir: str | Path, kinds: tuple[str, ...] = KINDS, seed: int = 0,

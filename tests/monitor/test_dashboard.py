@@ -311,3 +311,56 @@ def test_dashboard_of_two_runs_overlays_their_rewards(stack, tmp_path, chrome):
         assert f"{ns_a} vs {ns_b}" in chrome.find_element("id", "ns").text
     finally:
         stop_all({"dashboard": dash})
+
+
+def test_the_viewer_shows_the_pictures_of_a_vision_language_trajectory(stack, tmp_path, chrome):
+    """A VLM run's group (its picture stored once in S3 by hash, the trajectory naming it): the viewer
+    draws the picture beside the prompt, fetched through `/api/media/<sha256>`, which serves the
+    images of the groups shown and nothing else."""
+    import urllib.error
+
+    from streamrft.infra.media import MediaStore
+    from streamrft.schemas import ExperienceGroup, Task, Trajectory
+
+    ns = f"dash-vlm-{os.getpid()}"
+    dash = _dashboard_on(stack, tmp_path, ns)
+    try:
+        media = MediaStore.for_run(dash.cfg)
+        ref = media.put(_png((220, 40, 40)))
+        other = media.put(_png((40, 70, 220)))  # in the store, in no group
+        task = Task(task_id="count-eval-0", prompt="how many shapes?", answer="1", images=[ref])
+        trajs = [Trajectory(group_id="gv", task_id=task.task_id, team="default", model_version=0, prompt_ids=[1, 2, 3],
+                            response_ids=[5, 6], logprobs=[-0.1, -0.2], images=[ref]) for _ in range(2)]
+        producer = make_producer(stack.kafka)
+        producer.produce(f"{ns}.experiences", key=b"gv", value=encode(ExperienceGroup(
+            group_id="gv", team="default", task=task, trajectories=trajs, rewards=[1.0, 0.0], advantages=[0.5, -0.5],
+            created_at=time.time())))
+        flush_or_raise(producer)
+        del producer
+        wait_for(lambda: dash.state.groups_seen == 1, 60, "the dashboard reading the group", every=0.5)
+        chrome.get(dash.url)
+        sizes_js = ("return [...document.querySelectorAll('#groups img.picture')]"
+                    ".map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.getAttribute('src')])")
+        wait_for(lambda: (s := chrome.execute_script(sizes_js)) and all(c and w for c, w, _, _ in s), 60,
+                 "the pictures drawn", every=0.3)
+        assert chrome.execute_script(sizes_js) == [[True, 32, 32, f"/api/media/{ref.sha256}"]] * 2
+        # the pixels the page drew are the stored picture's
+        red = chrome.execute_script(
+            "const i = document.querySelector('#groups img.picture'); const c = document.createElement('canvas');"
+            "c.width = 32; c.height = 32; const x = c.getContext('2d'); x.drawImage(i, 0, 0);"
+            "return [...x.getImageData(5, 5, 1, 1).data]")
+        assert red == [220, 40, 40, 255]
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # stored, but in no group shown: not served
+            urllib.request.urlopen(dash.url + f"api/media/{other.sha256}", timeout=10)
+    finally:
+        dash.stop()
+
+
+def _png(rgb: tuple[int, int, int]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), rgb).save(buf, format="PNG")
+    return buf.getvalue()

@@ -71,10 +71,11 @@ class Dashboard:
     def _server(self):
         import uvicorn
 
+        from streamrft.infra.media import MediaStore
         from streamrft.monitor.dashboard.app import create_app
 
         app = create_app([self.state, *(r.state for r in self.others)], lambda: self._decode, self.fetcher,
-                         stats=self.stats)
+                         stats=self.stats, media=MediaStore.for_run(self.cfg))
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="off")
         return uvicorn.Server(config)
 

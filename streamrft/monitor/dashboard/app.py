@@ -9,6 +9,7 @@
 - `GET /api/groups?team=&task=&min_reward=&max_reward=&min_version=&max_version=&finish=&before=&limit=`:
   a page of the run's groups matching the filters, newest first, with the count that match and
   the cursor of the next page (`next_before`).
+- `GET /api/media/<sha256>`: an image a trajectory of the groups served shows, from the run's S3 store.
 - `GET /api/summary`: everything at once (lines downsampled), for scripts.
 - `GET /api/stats`: what the live stream has sent (pages open, messages, bytes).
 """
@@ -22,12 +23,14 @@ from pathlib import Path
 from typing import Callable
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from streamrft.infra.media import MediaError
 from streamrft.monitor.dashboard.feed import Feed, find_line
 from streamrft.monitor.dashboard.state import LINE_POINTS, RunState, downsample, version_at
 from streamrft.monitor.dashboard.trajectories import Decode, GroupQuery, group_view, ids_text, select
+from streamrft.schemas import ImageRef
 
 STATIC = Path(__file__).parent / "static"
 VENDOR = STATIC / "vendor"
@@ -47,11 +50,12 @@ class Stats:
 
 
 def create_app(state: RunState | list[RunState], decoder: Callable[[], Decode] | None = None, fetcher=None,
-               push_s: float = 1.0, keepalive_s: float = 60.0, stats: Stats | None = None) -> FastAPI:
+               push_s: float = 1.0, keepalive_s: float = 60.0, stats: Stats | None = None, media=None) -> FastAPI:
     """`state`: the run shown, or several (the first in full, the others' rewards beside it).
     `decoder()` returns the tokenizer's decode once loaded (loading takes seconds, so the page comes
     up first and shows ids until then). `fetcher`: a `reader.GroupFetcher` for groups older than
-    those the state keeps whole."""
+    those the state keeps whole. `media`: the run's `infra.media.MediaStore`, from which
+    `/api/media/<sha256>` serves the images of the groups the viewer has shown (and no other)."""
     states = state if isinstance(state, list) else [state]
     main = states[0]
     stats = stats if stats is not None else Stats()
@@ -59,6 +63,7 @@ def create_app(state: RunState | list[RunState], decoder: Callable[[], Decode] |
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.stats = stats
     views: OrderedDict[str, dict] = OrderedDict()
+    shown_images: dict[str, ImageRef] = {}  # sha256 -> reference, of the images in the groups served
 
     @app.get("/")
     def index() -> FileResponse:
@@ -119,12 +124,27 @@ def create_app(state: RunState | list[RunState], decoder: Callable[[], Decode] |
                                 "offset": r.offset, "trajectories": []})
                     continue
                 views[key] = group_view(eg, decode, where, version_at(announces, eg.created_at))
+                shown_images.update((ref.sha256, ref) for t in eg.trajectories for ref in t.images)
                 while len(views) > VIEWS_MAX:
                     views.popitem(last=False)
             views.move_to_end(key)
             out.append(views[key])
         return JSONResponse({"groups": out, "total": total, "next_before": next_before, "teams": teams,
                              "finish_reasons": reasons, "tokenizer": decode is not ids_text})
+
+    @app.get("/api/media/{sha256}")
+    def image(sha256: str) -> Response:
+        """An image a shown trajectory names, fetched by its reference and checked (`MediaStore.get`)."""
+        ref = shown_images.get(sha256)
+        if ref is None:
+            raise HTTPException(404, f"sha256: no image {sha256[:64]!r} in the groups shown")
+        if media is None:
+            raise HTTPException(404, "this dashboard has no media store")
+        try:
+            data = media.get(ref)
+        except MediaError as e:
+            raise HTTPException(502, str(e)) from None
+        return Response(data, media_type=ref.mime, headers={"Cache-Control": "max-age=31536000, immutable"})
 
     @app.get("/api/events")
     async def events(request: Request) -> StreamingResponse:

@@ -73,7 +73,8 @@ def staleness_of(version_at_scoring: int | None, model_version: int) -> int | No
 def group_view(eg: ExperienceGroup, decode: Decode, where: tuple[str, int, int],
                version_at_scoring: int | None) -> dict:
     """One group as the page shows it: task, and per trajectory its reward terms, advantage,
-    version, staleness and the prompt and response decoded turn by turn."""
+    version, staleness, the images its prompt shows (references: the page fetches each from
+    `/api/media/<sha256>`) and the prompt and response decoded turn by turn."""
     topic, partition, offset = where
     trajs = []
     for i, t in enumerate(eg.trajectories):
@@ -84,6 +85,7 @@ def group_view(eg: ExperienceGroup, decode: Decode, where: tuple[str, int, int],
             "version": t.model_version, "staleness": staleness_of(version_at_scoring, t.model_version),
             "finish_reason": t.finish_reason, "tokens": len(t.response_ids),
             "masked": len(mask) - sum(mask), "prompt": decode(t.prompt_ids),
+            "images": [ref.model_dump(mode="json") for ref in t.images],
             "turns": [{"trained": bool(bit), "text": decode(t.response_ids[a:b]), "tokens": b - a}
                       for a, b, bit in mask_runs(mask)],
         })

@@ -426,6 +426,13 @@ function drawGroups(res, q) {
         `v${t.version} · staleness ${t.staleness ?? "-"} · ${t.tokens} tokens, ${t.masked} masked · ${t.finish_reason}`));
       const tok = document.createElement("div");
       tok.className = "tokens";
+      for (const im of t.images || []) {  // the pictures the prompt shows, fetched by their sha256
+        const img = document.createElement("img");
+        img.className = "picture";
+        img.src = "/api/media/" + im.sha256;
+        img.alt = img.title = `image ${im.width}x${im.height} ${im.mime} sha256 ${im.sha256.slice(0, 12)}`;
+        tok.append(img);
+      }
       tok.append(span("prompt", t.prompt, "prompt"));
       t.turns.forEach((u, i) => tok.append(span("turn " + (u.trained ? "trained" : "masked"), u.text,
         `turn ${i + 1}: ${u.tokens} tokens, ${u.trained ? "trained (loss_mask 1)" : "masked (loss_mask 0)"}`)));
