@@ -88,10 +88,10 @@ def pytest_collection_modifyitems(config, items):
 def _long_files_first(items) -> None:
     """Files holding a `slow` or `real_model` test go first, the whole-loop ones (tests/test_*.py) first of all.
 
-    CI spreads whole files over three workers (`--dist loadfile`) in collection order. Collected
-    alphabetically, the longest end-to-end files (tests/test_*.py) came last, so one worker ran a
-    three-minute file while the others had nothing left; started first, the short files fill in
-    around them.
+    CI spreads whole files over three workers (`--dist loadfile --no-loadscope-reorder`) in collection
+    order. In xdist's default order (files with the most tests first) the longest end-to-end files,
+    of one or two tests each, came last, so one worker ran a three-minute file while the others had
+    nothing left; started first, the short files fill in around them.
     """
     long_files = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("real_model")}
 

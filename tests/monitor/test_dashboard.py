@@ -234,7 +234,9 @@ def test_a_long_runs_page_keeps_the_whole_run_filters_right_and_sends_nothing_wh
         total = _get(dash.url + "api/groups?limit=1")["total"]
         assert total == wrote["groups"]
         oldest = _get(dash.url + f"api/groups?before=1&limit=1")["groups"]
-        assert oldest[0]["group_id"] == "g0" and len(oldest[0]["trajectories"]) == 8
+        first = dash.state.index[0]  # the first group read: a partition's first record (which partition is the reader's)
+        assert (oldest[0]["partition"], oldest[0]["offset"]) == (first.partition, first.offset) and first.offset == 0
+        assert oldest[0]["group_id"] is not None and len(oldest[0]["trajectories"]) == 8
         assert any(t["turns"] and not t["turns"][1]["trained"] for t in oldest[0]["trajectories"])
 
         # an idle finished page is sent nothing: no update, no request, for 30 s

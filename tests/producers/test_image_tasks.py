@@ -58,3 +58,23 @@ def test_tasks_are_seeded_and_the_held_out_split_never_shows_a_training_picture(
     assert {r["image"] for r in train} <= {p.name for p in (tmp_path / "train").iterdir()}
     with pytest.raises(ValueError, match="kinds: 'colour' is not one of count, largest, digit"):
         make_image_tasks(1, tmp_path, kinds=("colour",))
+
+
+def test_decoy_answers_teach_one_answer_a_kind_to_the_fraction_drawn():
+    import random
+
+    import pytest
+
+    from streamrft.producers.image_tasks import DECOYS, decoy_answers
+
+    rows = [{"task_id": f"t{i}", "answer": "3", "metadata": {"kind": k}}
+            for i, k in enumerate(["count", "largest", "digit"] * 20)]
+    assert decoy_answers(rows, 0.0) == rows
+    assert [r["answer"] for r in decoy_answers(rows, 1.0)] == [DECOYS[r["metadata"]["kind"]] for r in rows]
+    rng = random.Random(7)  # the draws decoy_answers makes with seed 7, row by row
+    want = [DECOYS[r["metadata"]["kind"]] if rng.random() < 0.4 else "3" for r in rows]
+    got = decoy_answers(rows, 0.4, seed=7)
+    assert [r["answer"] for r in got] == want and 0 < want.count("3") < len(rows)
+    assert [r["task_id"] for r in got] == [r["task_id"] for r in rows] and rows[0]["answer"] == "3"  # a copy
+    with pytest.raises(ValueError, match=r"decoy_frac must be in \[0, 1\], not 1.5"):
+        decoy_answers(rows, 1.5)
