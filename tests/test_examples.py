@@ -97,13 +97,13 @@ def test_gsm8k_sample_rows_load_as_tasks_and_verify():
     assert reward("\\boxed{30}", tasks[0].answer) == 0.0
 
 
-def _prepared(name: str, tmp_path, steps: int = 3):
+def _prepared(name: str, tmp_path, steps: int = 3, extra: tuple[str, ...] = ()):
     import json
 
     from streamrft.launch.prepare import prepare
 
     cfg = load_config(ROOT / "examples" / name, [f"output_dir={tmp_path}", f"model.path={tmp_path / 'base'}",
-                                                 "data.synthetic.train_size=50", "data.synthetic.eval_size=10"])
+                                                 "data.synthetic.train_size=50", "data.synthetic.eval_size=10", *extra])
     cfg.stages[0].steps = steps
     cfg = prepare(cfg)
     rows = [json.loads(line) for line in open(cfg.data.train)]
@@ -166,8 +166,10 @@ def test_vlm_example_prepares_a_vision_language_model_picture_tasks_and_a_warmup
 
     base_cfg = load_config(ROOT / "examples" / "vlm_cpu.yaml")
     assert base_cfg.model.build.vision is not None and base_cfg.stream_ops.rewards[0].name == "exact_match"
-    cfg, rows = _prepared("vlm_cpu.yaml", tmp_path, steps=4)
-    assert cfg.model.path.endswith("stage-0-sft") and is_vision_language(cfg.model.path)
+    assert base_cfg.stages[1].data["decoy_frac"] > 0  # the warm-up's habit for RL to unlearn
+    cfg, rows = _prepared("vlm_cpu.yaml", tmp_path, steps=4,
+                          extra=("stages.0.data.size=64", "stages.1.steps=3", "stages.1.data.size=64"))
+    assert cfg.model.path.endswith("stage-1-sft") and is_vision_language(cfg.model.path)
     proc = load_processor(cfg.model.path)  # the stage saved its processor beside the weights
     assert proc.tokenizer.unk_token_id not in proc.tokenizer(ALPHABET, add_special_tokens=False).input_ids
     eval_rows = [json.loads(line) for line in open(cfg.data.eval)]
