@@ -4,7 +4,7 @@
 patches of a small image), a two-layer projector, and the char-level Qwen2 of the CPU demo as the
 language model, all randomly initialised. It is saved with its processor (`LlavaProcessor`: a
 CLIP image processor that resizes and normalises, and the char tokenizer with one more special
-token, `<image>`), so `AutoProcessor` and `AutoModelForImageTextToText` load the directory as
+token, `<image>`, and a role-free chat template, `CHAT_TEMPLATE`), so `AutoProcessor` and `AutoModelForImageTextToText` load the directory as
 they load any hub VLM.
 
 A prompt is `<image>` then the text: the processor expands the one `<image>` into as many image
@@ -22,6 +22,14 @@ from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGener
 from streamrft.engine.models import build_char_tokenizer
 
 IMAGE_TOKEN = "<image>"
+
+# The tiny VLM's chat template: no roles, BOS, then each message's images and text in order. One
+# user turn of an image and a text renders exactly as `image_prompt_ids` lays out a prompt
+# without chat (and SFT trains on), so an agent on the gateway's chat API sees the explorers'
+# layout; an assistant turn renders verbatim (what the gateway needs to continue an episode).
+CHAT_TEMPLATE = ("{{- bos_token -}}{%- for m in messages -%}{%- if m.content is string -%}{{- m.content -}}{%- else -%}"
+                 "{%- for p in m.content -%}{%- if p.type == 'image' -%}" + IMAGE_TOKEN +
+                 "{%- elif p.type == 'text' -%}{{- p.text -}}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endfor -%}")
 
 
 def image_processor(image_size: int):
@@ -45,6 +53,7 @@ def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, l
         raise ValueError(f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})")
     tok = build_char_tokenizer(alphabet)
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    tok.chat_template = CHAT_TEMPLATE
     image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
     vision = CLIPVisionConfig(hidden_size=vision_hidden_size, intermediate_size=4 * vision_hidden_size,
                               num_hidden_layers=vision_layers, num_attention_heads=vision_heads,
@@ -64,7 +73,7 @@ def build_tiny_vlm(out_dir: str | Path, alphabet: str, hidden_size: int = 128, l
     # "default" drops CLIP's class token: one placeholder per patch
     processor = LlavaProcessor(image_processor=image_processor(image_size), tokenizer=tok, patch_size=patch_size,
                                vision_feature_select_strategy="default", image_token=IMAGE_TOKEN,
-                               num_additional_image_tokens=1)
+                               num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
     out = Path(out_dir)
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
@@ -80,9 +89,32 @@ def image_prompt_ids(processor, prompt: str, images: list, chat: bool = False) -
         content = [*({"type": "image"} for _ in images), {"type": "text", "text": prompt}]
         text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                              add_generation_prompt=True)
-    else:
-        text = processor.image_token * len(images) + prompt
+        return expand_images(processor, text, images)  # the template lays out its special tokens
+    text = processor.image_token * len(images) + prompt
     return processor(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
+
+
+def expand_images(processor, text: str, images: list) -> list[int]:
+    """The ids of rendered chat text whose image tokens (one per image of `images`, in order) the
+    processor expands into their placeholders; no special tokens added (the template has them)."""
+    return processor(text=[text], images=images or None, add_special_tokens=False,
+                     return_tensors="pt")["input_ids"][0].tolist()
+
+
+_PLACEHOLDERS: dict[tuple[int, int, int], int] = {}  # (id(processor), width, height) -> count
+
+
+def placeholders_per_image(processor, width: int, height: int) -> int:
+    """How many placeholder tokens `processor` expands an image of `width` x `height` into (counted
+    once per processor and size, on a blank image)."""
+    key = (id(processor), width, height)
+    if key not in _PLACEHOLDERS:
+        from PIL import Image
+
+        ids = processor(text=[processor.image_token], images=[Image.new("RGB", (width, height))],
+                        return_tensors="pt")["input_ids"][0].tolist()
+        _PLACEHOLDERS[key] = ids.count(processor.image_token_id)
+    return _PLACEHOLDERS[key]
 
 
 def pixel_values(processor, images: list) -> torch.Tensor:

@@ -18,6 +18,7 @@ import binascii
 import hashlib
 import io
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,26 @@ class MediaStore(WeightStore):
         self._check(ref, data)
         self._to_cache(ref.sha256, data)
         return data
+
+    def reference(self, uri: str) -> ImageRef:
+        """The reference of an image already in this run's media (`s3://<bucket>/<namespace>/media/
+        <sha256>.<ext>`), checked as `get` checks it. Anything else in the store is refused: a
+        client naming an s3:// URL reads the run's media, never its weights or another run's."""
+        bucket, _, key = uri[len("s3://"):].partition("/") if uri.startswith("s3://") else ("", "", "")
+        m = re.fullmatch(re.escape(self.namespace) + r"/media/([0-9a-f]{64})\.(\w+)", key)
+        mime = next((k for k, ext in EXTENSIONS.items() if m and ext == m.group(2)), None)
+        if bucket != self.bucket or m is None or mime is None:
+            raise MediaError("uri", f"{uri}: not an image of this run's media "
+                                    f"(s3://{self.bucket}/{self.namespace}/media/<sha256>.<ext>)")
+        data = self.read(bucket, key)
+        got = hashlib.sha256(data).hexdigest()
+        if got != m.group(1):
+            raise MediaError("sha256", f"{uri} holds bytes of sha256 {got}")
+        found, w, h = inspect(data, self.limits)
+        if found != mime:
+            raise MediaError("mime", f"{uri} is {found}, its name says {mime}")
+        self._to_cache(got, data)
+        return ImageRef(sha256=got, uri=uri, width=w, height=h, mime=mime)
 
     def image(self, ref: ImageRef):
         """The image as an RGB `PIL.Image` (what processors take)."""

@@ -23,19 +23,13 @@ from streamrft.stream_ops.validate import InvalidRollout
 class ImageCheck:
     def __init__(self, media, processor=None, text_model: bool = False):
         self.media, self.processor, self.text_model = media, processor, text_model
-        self._expected: dict[tuple[int, int], int] = {}  # (width, height) -> placeholders an image expands to
         self.image_id = None if processor is None else processor.image_token_id
 
     def placeholders(self, ref: ImageRef) -> int:
         """How many placeholder tokens the processor expands an image of this size into."""
-        size = (ref.width, ref.height)
-        if size not in self._expected:
-            from PIL import Image
+        from streamrft.engine.vlm import placeholders_per_image
 
-            ids = self.processor(text=[self.processor.image_token], images=[Image.new("RGB", size)],
-                                 return_tensors="pt")["input_ids"][0].tolist()
-            self._expected[size] = ids.count(self.image_id)
-        return self._expected[size]
+        return placeholders_per_image(self.processor, ref.width, ref.height)
 
     def __call__(self, group: RolloutGroup) -> None:
         task_images = group.task.images

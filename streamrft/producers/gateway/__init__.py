@@ -121,9 +121,11 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
                         episode_timeout_s=gcfg.episode_timeout_s, max_open_episodes=gcfg.max_open_episodes,
                         open_group=lambda v: admission.open_group(v, room),
                         close_group=admission.close_group, publish=publish)
+    vision = getattr(engine, "vision", None)  # a vision-language model's: its media store takes image_url parts
     gw = Gateway(worker, groups, keys, model_name=cfg.model.name,
                  max_tokens=gcfg.max_tokens or ex.sampling.max_new_tokens,
-                 max_context=gcfg.max_context or ex.max_total_tokens, can_start=can_start)
+                 max_context=gcfg.max_context or ex.max_total_tokens, can_start=can_start,
+                 media=None if vision is None else vision.media)
     gw_ref.append(gw)
     def publish_metrics() -> None:  # on the event loop (the counters' thread), every METRICS_EVERY_S
         opened = groups.open_counts()

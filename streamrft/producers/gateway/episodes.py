@@ -6,7 +6,9 @@ prompt + sampled ids (compared on ids), the episode is one concatenated trajecto
 prompt, then each call's new prompt ids (mask 0, log-prob 0.0: the environment's, the tools', the
 chat template's) and its sampled ids (mask 1, their log-probs), as the `multi_turn` workflow lays
 out its own episodes. Otherwise it is step-wise: one trajectory per call, prompt = that call's
-prompt, response = its sampled ids, as the `step_wise` workflow does.
+prompt, response = its sampled ids, as the `step_wise` workflow does. A later call that shows new
+images (an image observation) also makes the episode step-wise: a trajectory's images are its
+prompt's, and no response holds an image's placeholders (stream ops check both).
 
 Rewards: the episode's total (`reward`, or the sum of per-call `rewards`) is every trajectory's
 `env_reward` (score it with the `env` reward term); per-call rewards go to `info.step_rewards`
@@ -29,6 +31,7 @@ class Call:
     logprobs: list[float]
     version: int
     finish_reason: str
+    images: list = field(default_factory=list)  # the ImageRefs whose placeholders prompt_ids holds
 
 
 @dataclass
@@ -60,7 +63,7 @@ def trajectories(episode_id: str, calls: list[Call], finish: Finish, tokenizer: 
     versions = [c.version for c in calls]
     last_reason = finish.finish_reason or calls[-1].finish_reason
     meta = {"metadata": finish.metadata} if finish.metadata else {}
-    if extends(calls):
+    if extends(calls) and all(c.images == calls[0].images for c in calls):
         response, logprobs, mask = [], [], []
         for k, c in enumerate(calls):
             if k:
@@ -71,14 +74,14 @@ def trajectories(episode_id: str, calls: list[Call], finish: Finish, tokenizer: 
             response += c.ids
             logprobs += [min(lp, 0.0) for lp in c.logprobs]
             mask += [1] * len(c.ids)
-        return [Trajectory(**common, model_version=min(versions), prompt_ids=calls[0].prompt_ids,
+        return [Trajectory(**common, model_version=min(versions), prompt_ids=calls[0].prompt_ids, images=calls[0].images,
                            response_ids=response, logprobs=logprobs, loss_mask=mask, env_reward=finish.reward,
                            response_text=tokenizer.decode(response, skip_special_tokens=True),
                            finish_reason=last_reason,
                            info={"episode_id": episode_id, "assembly": "concatenated", "turns": len(calls),
                                  "step_rewards": steps, "versions": versions, **meta})]
     last = len(calls) - 1
-    return [Trajectory(**common, model_version=c.version, prompt_ids=c.prompt_ids, response_ids=c.ids,
+    return [Trajectory(**common, model_version=c.version, prompt_ids=c.prompt_ids, images=c.images, response_ids=c.ids,
                        logprobs=[min(lp, 0.0) for lp in c.logprobs], env_reward=finish.reward,
                        response_text=tokenizer.decode(c.ids, skip_special_tokens=True),
                        finish_reason=last_reason if k == last else c.finish_reason,
@@ -95,4 +98,7 @@ def build_group(group_id: str, team: str, episodes: list[tuple[str, list[Call], 
                 prompt=tokenizer.decode(first_calls[0].prompt_ids, skip_special_tokens=True))
     trajs = [t for eid, calls, fin in episodes
              for t in trajectories(eid, calls, fin, tokenizer, group_id=group_id, task_id=task.task_id, team=team)]
+    shown = first_calls[0].images  # the task's images: those every trajectory's prompt begins with
+    if shown and all(t.images[: len(shown)] == shown for t in trajs):
+        task.images = shown
     return RolloutGroup(group_id=group_id, team=team, task=task, trajectories=trajs, producer_id=producer_id)

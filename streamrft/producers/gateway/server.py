@@ -1,7 +1,8 @@
 """The HTTP side of the gateway: OpenAI-shaped endpoints on FastAPI, and the episode endpoints.
 
 - `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`: what the official `openai`
-  package calls. Sampling: n, temperature, top_p, top_k (extension), max_tokens (or
+  package calls. A vision-language model's chat messages may hold `image_url` parts (`data:` URLs, or
+  `s3://` URLs of the run's media). Sampling: n, temperature, top_p, top_k (extension), max_tokens (or
   max_completion_tokens), stop, seed, logprobs / top_logprobs. `return_token_ids: true` adds
   `prompt_token_ids` and each choice's `token_ids` (as vLLM names them). A response names the
   weight version that served it in `system_fingerprint` (`v<N>`).
@@ -34,7 +35,7 @@ from fastapi.responses import JSONResponse
 from streamrft.engine.rollout.base import Completion, SamplingParams
 from streamrft.producers.gateway.episodes import Call
 from streamrft.producers.gateway.groups import GatewayError, GroupStore, Remembered
-from streamrft.producers.gateway.prompts import LastCall, PromptBuilder, PromptError, apply_stop, normalise
+from streamrft.producers.gateway.prompts import LastCall, PromptBuilder, PromptError, apply_stop, normalise, shows_images
 from streamrft.producers.gateway.teams import TeamKeys
 from streamrft.producers.gateway.worker import EngineWorker
 
@@ -76,13 +77,17 @@ class Gateway:
     """The app's state: the engine thread, the open episodes, the team keys and limits."""
 
     def __init__(self, worker: EngineWorker, store: GroupStore, keys: TeamKeys, *, model_name: str,
-                 max_tokens: int, max_context: int, can_start: "Any" = None, sweep_s: float = 1.0):
+                 max_tokens: int, max_context: int, can_start: "Any" = None, sweep_s: float = 1.0,
+                 media: "Any" = None):
         """`can_start()` -> (ok, why): whether an episode may start now on the served weights
-        (their staleness; admission decides the rest when its group opens)."""
+        (their staleness; admission decides the rest when its group opens). `media`: the run's
+        `MediaStore`, where a vision-language model's `image_url` parts are stored."""
         self.worker, self.store, self.keys = worker, store, keys
         self.model_name, self.max_tokens, self.max_context = model_name, max_tokens, max_context
         self.tokenizer = worker.engine.tokenizer
-        self.prompts = PromptBuilder(self.tokenizer)
+        processor = getattr(worker.engine, "processor", None)
+        self.media = media if processor is not None else None
+        self.prompts = PromptBuilder(self.tokenizer, processor, None if self.media is None else self.media.image)
         self.byte_level = is_byte_level(self.tokenizer)
         self.can_start = can_start or (lambda: (True, ""))
         self.sweep_s = sweep_s
@@ -195,12 +200,16 @@ class Gateway:
             ep = await self.store.episode(team, episode_id, group_id, size, self.worker.version)
             last = ep.last
         try:
-            if chat:
-                messages = normalise(body.get("messages"))
-                prompt_ids, prompt_text = self.prompts.chat_prompt(messages, last), None
+            if chat and shows_images(body.get("messages")):  # reads and writes the media store: off the loop
+                messages, prompt_ids, images = await asyncio.to_thread(self._chat_prompt, body.get("messages"), last)
+                prompt_text = None
+            elif chat:
+                messages, prompt_ids, images = self._chat_prompt(body.get("messages"), last)
+                prompt_text = None
             else:
                 messages = None
-                prompt_ids, prompt_text = self.prompts.completion_prompt(body.get("prompt"), last)
+                prompt_ids, prompt_text, images = self.prompts.completion_prompt(body.get("prompt"), last)
+            pictures = await asyncio.to_thread(lambda: [self.media.image(r) for r in images]) if images else None
         except PromptError as e:
             raise GatewayError(400, str(e), param=e.param) from None
         if len(prompt_ids) + params.max_new_tokens > self.max_context:
@@ -212,15 +221,15 @@ class Gateway:
         call = last_call = None
         try:
             handed()
-            gen = await self.worker.submit(prompt_ids, params)
+            gen = await self.worker.submit(prompt_ids, params, pictures)
             cut = [apply_stop(self.tokenizer, c.token_ids, c.logprobs, stop, c.top_logprobs) for c in gen.completions]
             if episode_id is not None:
                 (ids, lps, text, by_string, _), c = cut[0], gen.completions[0]
                 reason = "stop" if by_string else c.finish_reason
-                call = Call(prompt_ids, ids, lps, gen.version, reason)
+                call = Call(prompt_ids, ids, lps, gen.version, reason, images)
                 stopped = reason == "stop" and not by_string and bool(ids)
                 full = self.tokenizer.decode(ids, skip_special_tokens=True)
-                last_call = LastCall(prompt_ids, ids, text if chat else full, stopped, prompt_text, messages)
+                last_call = LastCall(prompt_ids, ids, text if chat else full, stopped, prompt_text, messages, images)
         finally:
             if ep is not None:
                 self.store.record(ep, call, last_call)
@@ -232,6 +241,26 @@ class Gateway:
         counters["completion_tokens"] += sum(len(c[0]) for c in cut)
         return self._response(chat, gen.version, prompt_ids, gen.completions, cut, want_lp, top,
                               bool(body.get("return_token_ids")))
+
+    def _chat_prompt(self, raw: Any, last: LastCall | None) -> tuple[list[dict], list[int], list]:
+        """(normalised messages, prompt ids, their `ImageRef`s)."""
+        messages = normalise(raw, None if self.media is None else self._image_of)
+        return (messages, *self.prompts.chat_prompt(messages, last))
+
+    def _image_of(self, url: str, param: str) -> Any:
+        """An `image_url`'s reference: a `data:` URL stored in the run's media, or an `s3://` URL
+        already there. Never a path or `file://` (the gateway's own disk), nor any other object."""
+        from streamrft.infra.media import MediaError, resolve_source
+
+        try:
+            if url.startswith("data:"):
+                return self.media.put(resolve_source(url))
+            if url.startswith("s3://"):
+                return self.media.reference(url)
+        except MediaError as e:
+            raise PromptError(e.reason, f"{param}.url") from None
+        raise PromptError("an image_url must be a data: URL (data:image/png;base64,...) or an s3:// URL of "
+                          "this run's media", f"{param}.url")
 
     # ---- OpenAI shapes --------------------------------------------------------------------------
     def _token(self, tid: int) -> str:

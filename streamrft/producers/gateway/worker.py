@@ -36,6 +36,7 @@ class _Request:
     params: SamplingParams
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    images: list | None = None  # a vision-language prompt's images (PIL), in the order of its placeholders
 
     def key(self) -> tuple:
         p = self.params
@@ -91,13 +92,14 @@ class EngineWorker:
     def version(self) -> int:
         return self.engine.version
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> asyncio.Future:
-        """A future of `Generation` for one prompt (call from the event loop)."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams, images: list | None = None) -> asyncio.Future:
+        """A future of `Generation` for one prompt (call from the event loop); `images`: the PIL
+        images whose placeholders it holds."""
         if self.failed is not None:
             raise RuntimeError("the gateway's engine thread stopped") from self.failed
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.put(_Request(prompt_ids, params, fut, loop))
+        self._queue.put(_Request(prompt_ids, params, fut, loop, images))
         return fut
 
     def _swap(self) -> None:
@@ -156,7 +158,9 @@ class EngineWorker:
         params = dataclasses.replace(reqs[0].params, max_new_tokens=max(r.params.max_new_tokens for r in reqs))
         t0 = time.monotonic()
         try:
-            outputs = self.engine.generate([r.prompt_ids for r in reqs], params)
+            images = [r.images or [] for r in reqs] if any(r.images for r in reqs) else None
+            outputs = self.engine.generate([r.prompt_ids for r in reqs], params,
+                                           **({} if images is None else {"images": images}))
         except Exception as e:  # one bad batch fails its requests, not the gateway
             log.warning("engine call failed for %d requests: %s: %s", len(reqs), type(e).__name__, e)
             for r in reqs:

@@ -199,3 +199,11 @@ def test_concurrent_requests_share_engine_calls(served):
     assert all(len(o.choices[0].logprobs.token_logprobs) == o.usage.completion_tokens for o in outs)
     assert stats["requests"] - requests == 16
     assert stats["engine_calls"] - calls < 16, "every request got an engine call of its own"
+
+
+def test_a_text_model_refuses_an_image_url_naming_the_part(served):
+    r = httpx.post(f"{served.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEYS['agents']}"}, timeout=60,
+                   json={"model": "policy", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                       {"type": "text", "text": "abc"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[1]", r.text
+    assert "text model" in r.json()["error"]["message"]

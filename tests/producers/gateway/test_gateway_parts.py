@@ -60,9 +60,9 @@ def test_a_group_passes_the_wire_contract():
 
 def test_a_continued_text_prompt_reuses_the_sampled_ids():
     pb = PromptBuilder(TOK)
-    first, text = pb.completion_prompt("ab:", None)
+    first, text, _ = pb.completion_prompt("ab:", None)
     last = LastCall(first, _ids("1") + [EOS], "1", True, prompt_text=text)
-    ids, _ = pb.completion_prompt("ab:1hi:", last)
+    ids, _, _ = pb.completion_prompt("ab:1hi:", last)
     assert ids == first + _ids("1") + [EOS] + _ids("hi:")  # the model's EOS stays, as sampled
     assert pb.completion_prompt("ab:2hi:", last)[0] == _ids("ab:2hi:", True)  # not a continuation: fresh
     assert pb.completion_prompt([5, 6, 7], last)[0] == [5, 6, 7]
