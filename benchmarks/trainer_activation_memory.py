@@ -8,11 +8,13 @@ log-softmax over the vocabulary, per scored token). Runs on the CPU in about a m
 defaults (Qwen2.5-1.5B's widths): saved activations do not depend on the device, only the
 attention kernel's own small state does (SDPA here and on CUDA).
 
-    python benchmarks/trainer_activation_memory.py [--hidden 1536 --intermediate 8960 --vocab 151936 ...]
+    python benchmarks/trainer_activation_memory.py [--hidden 1536 --intermediate 8960 --vocab 151936 ...] [--checkpointing]
 
 Measured (Qwen2.5-1.5B widths, 2 x 384 tokens, 2 x 256 scored): 103,480 B per layer per token;
 625,060 B per scored token on the output side (4 x vocab = 607,744 of it). examples/gsm8k_gpu.yaml's
-memory plan uses these.
+memory plan uses these. At Qwen2.5-VL-3B's language model widths (`--hidden 2048 --intermediate 11008
+--heads 16 --kv-heads 2`): 130,120 B per layer per token, 630,696 B per scored token; with
+`--checkpointing`, the per-layer figure below, which examples/vlm_gpu.yaml's plan uses.
 """
 from __future__ import annotations
 
@@ -36,12 +38,16 @@ def saved_bytes(layers: int, args, rows: int, length: int, prompt: int) -> int:
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    if args.checkpointing:
+        from streamrft.engine.training import enable_checkpointing
+
+        enable_checkpointing(model.eval())  # as the trainer runs it: eval mode, its layers checkpointed
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ids = torch.randint(0, args.vocab, (rows, length))
     mask = torch.zeros(rows, length - 1)
     mask[:, prompt - 1:] = 1
     batch = Batch(ids, torch.ones(rows, length, dtype=torch.long), mask, torch.zeros(rows, length - 1),
-                  torch.ones(rows), torch.ones(rows))
+                  torch.ones(rows), torch.ones(rows), torch.ones(rows))
     kept: dict[int, int] = {}
 
     def pack(t):
@@ -66,6 +72,9 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=2)
     p.add_argument("--length", type=int, default=384)
     p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--checkpointing", action="store_true",
+                   help="trainer.gradient_checkpointing: what stays saved is each layer's input (backward then "
+                        "recomputes one layer at a time, whose saved tensors are the figure without this flag)")
     args = p.parse_args()
     one, two = (saved_bytes(n, args, args.rows, args.length, args.prompt) for n in (1, 2))
     tokens, scored = args.rows * args.length, args.rows * (args.length - args.prompt)

@@ -268,6 +268,8 @@ OUT_OF_RANGE = [
     ("explorer.engine.gpu_memory_utilization=1.5",
      "explorer.engine.gpu_memory_utilization: must be > 0 and <= 1 (got 1.5)"),
     ("explorer.engine.kv_cache_gib=0", "explorer.engine.kv_cache_gib: must be > 0 (got 0)"),
+    ("explorer.engine.max_model_len=8", "explorer.engine.max_model_len: must be >= 16 (got 8)"),
+    ("explorer.engine.max_images=17", "explorer.engine.max_images: must be >= 0 and <= 16 (got 17)"),
     ("explorer.sampling.temperature=-0.5", "explorer.sampling.temperature: must be >= 0 (got -0.5)"),
     ("explorer.sampling.top_p=0", "explorer.sampling.top_p: must be > 0 and <= 1 (got 0)"),
     ("explorer.sampling.top_p=1.1", "explorer.sampling.top_p: must be > 0 and <= 1 (got 1.1)"),

@@ -37,19 +37,26 @@ def _memory_plan(text: str) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def test_gpu_math_example_memory_plan_adds_up_with_the_configs_numbers():
-    """Every process on the GPU at once gets a row; the rows add up to the GPU; each row holds what
-    the config's settings need (recomputed here), so an edit to either cannot silently overcommit."""
-    path = ROOT / "examples" / "gsm8k_gpu.yaml"
+def _checked_plan(name: str):
+    """(the example's text, its config, its plan's rows less `total`), the rows checked to add up to
+    the GPU: shares to 1, GiB to the total, each row's GiB its share of it (rounded to two decimals)."""
+    path = ROOT / "examples" / name
     text, cfg = path.read_text(), load_config(path)
     plan = _memory_plan(text)
     total = plan.pop("total")
     assert total[0] == 1.0
     assert sum(share for share, _ in plan.values()) == pytest.approx(1.0, abs=0.011)
     assert sum(gib for _, gib in plan.values()) == pytest.approx(total[1], abs=0.011)
-    for who, (share, gib) in plan.items():  # shares round GiB to two decimals
+    for who, (share, gib) in plan.items():
         assert gib == pytest.approx(share * total[1], abs=0.005 * total[1] + 0.01), who
     assert plan["headroom"][1] > 0
+    return text, cfg, plan
+
+
+def test_gpu_math_example_memory_plan_adds_up_with_the_configs_numbers():
+    """Every process on the GPU at once gets a row; the rows add up to the GPU; each row holds what
+    the config's settings need (recomputed here), so an edit to either cannot silently overcommit."""
+    text, cfg, plan = _checked_plan("gsm8k_gpu.yaml")
 
     q = QWEN25_15B
     kv_width = q["kv_heads"] * q["head_dim"]
@@ -85,6 +92,84 @@ def test_gpu_math_example_memory_plan_adds_up_with_the_configs_numbers():
 
     # a CUDA context for each explorer, the trainer and the launcher (its start eval's engine closed)
     assert plan["CUDA contexts"][1] >= (ex.num_explorers + 2) * 0.6
+
+
+# Qwen2.5-VL-3B-Instruct's config.json (the parts that size it), which examples/vlm_gpu.yaml's plan is for
+QWEN25_VL_3B = {
+    "text_config": {"hidden_size": 2048, "intermediate_size": 11008, "num_attention_heads": 16, "num_hidden_layers": 36,
+                    "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+                    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                      "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
+                      "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "temporal_patch_size": 2},
+    "tie_word_embeddings": True}
+# benchmarks/trainer_activation_memory.py at the 3B's language-model widths: bytes a layer saves per
+# token (recomputed one layer at a time under checkpointing), and a checkpointed layer's input
+SAVED_PER_LAYER_TOKEN_3B, CHECKPOINTED_PER_LAYER_TOKEN_3B = 130_120, 4_096
+
+
+def test_gpu_vlm_example_memory_plan_adds_up_with_the_configs_and_the_models_numbers():
+    """As the math example's: every process on the GPU gets a row, the rows add up, and each holds what
+    the settings need, recomputed from Qwen2.5-VL-3B's config (its parameters counted on the meta
+    device, the vision tower frozen as the trainer freezes it)."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from streamrft.engine.vlm import freeze_vision_tower
+
+    text, cfg, plan = _checked_plan("vlm_gpu.yaml")
+
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**QWEN25_VL_3B))
+    params = sum(p.numel() for p in model.parameters())
+    frozen = freeze_vision_tower(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == params - frozen
+    assert f"{params:,} params" in text and f"{trainable:,} trainable" in text and f"{frozen:,} frozen" in text
+    q = QWEN25_VL_3B["text_config"]
+    width = 2  # bfloat16
+    assert cfg.model.dtype == "bfloat16"
+
+    # the explorer: weights + a KV cache of max_batch sequences of max_model_len + the fixed parts;
+    # one picture a prompt, and a group per task fits a batch
+    e, ex = cfg.explorer.engine, cfg.explorer
+    explorers = {who: row for who, row in plan.items() if who.startswith("explorer-")}
+    assert len(explorers) == ex.num_explorers and e.max_images == 1
+    assert ex.tasks_per_batch * ex.group_size <= e.max_batch
+    assert e.max_model_len >= 512 + 256 + ex.sampling.max_new_tokens  # 512 image tokens, a question, the answer
+    kv_per_token = q["num_hidden_layers"] * 2 * q["num_key_value_heads"] * (q["hidden_size"] // q["num_attention_heads"]) * width
+    assert e.kv_cache_gib * GIB >= e.max_batch * e.max_model_len * kv_per_token
+    activations, encoder, cuda_graphs, reload, non_torch = 2.0, 1.0, 0.5, 0.6, 0.3  # the plan's estimates, GiB
+    assert reload * GIB >= q["vocab_size"] * q["hidden_size"] * width
+    needed = params * width / GIB + e.kv_cache_gib + activations + encoder + cuda_graphs + reload + non_torch
+    for share, gib in explorers.values():
+        assert share == e.gpu_memory_utilization and needed <= gib
+
+    # the trainer: ZeRO-2 in bf16, the tower frozen (no grads or Adam state for it), no reference
+    # model, checkpointed layers: one micro-batch of micro_batch_tokens, x 1.1
+    t = cfg.trainer
+    assert t.engine == "deepspeed" and t.deepspeed.zero_stage == 2 and t.deepspeed.num_gpus == 1
+    assert t.freeze_vision_tower and t.gradient_checkpointing and cfg.algorithm.kl.coef == 0
+    static = params * width + trainable * (2 + 4 + 8) + 5e8 * 2
+    per_token = (q["num_hidden_layers"] * CHECKPOINTED_PER_LAYER_TOKEN_3B + SAVED_PER_LAYER_TOKEN_3B
+                 + 630_312 + 10 * q["vocab_size"])
+    assert 1.1 * (static + t.micro_batch_tokens * per_token) / GIB <= plan["trainer (DeepSpeed ZeRO-2)"][1]
+    assert t.micro_batch_tokens >= e.max_model_len  # the longest sequence fits one micro-batch
+    assert plan["CUDA contexts"][1] >= (ex.num_explorers + 2) * 0.6
+
+
+def test_vlm_sample_rows_load_as_picture_tasks_and_verify(tmp_path):
+    from streamrft.infra.media import inspect
+    from streamrft.stream_ops.rewards import resolve_reward
+
+    rows = [json.loads(line) for line in open(ROOT / "examples" / "data" / "vlm_sample.jsonl")]
+    tasks = load_task_file(ROOT / "examples" / "data" / "vlm_sample.jsonl", with_images=False)
+    assert [t.answer for t in tasks] == [r["answer"] for r in rows] and all("\\boxed{}" in t.prompt for t in tasks)
+    for r in rows:  # each picture a PNG within the plan's 401,408 pixels
+        mime, w, h = inspect((ROOT / "examples" / "data" / r["image"]).read_bytes())
+        assert mime == "image/png" and w * h <= 401_408
+    reward = resolve_reward("math_verify")
+    assert reward(f"the answer is \\boxed{{{rows[0]['answer']}}}", tasks[0].answer) == 1.0
 
 
 def test_gsm8k_sample_rows_load_as_tasks_and_verify():

@@ -40,6 +40,12 @@ class EngineConfig(Section):
     `gpu_memory_utilization` leaves after weights, activations and CUDA graphs, as vLLM measures
     them from the whole GPU's free memory, which other processes starting on the same GPU disturb:
     set it when explorers share a GPU with each other or the trainer (examples/gsm8k_gpu.yaml)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """vLLM only: prompt + completion tokens a sequence may hold (None: the model's own maximum). The
+    fixed KV cache must hold at least one such sequence."""
+    max_images: int | None = Field(None, ge=0, le=16)
+    """vLLM only, a vision-language model: images a prompt may show (`limit_mm_per_prompt`); vLLM
+    sizes its encoder's memory profile by it. None: vLLM's default."""
 
 
 class SamplingConfig(Section):

@@ -190,6 +190,16 @@ class TrainerConfig(Section):
     weight by about `lr` whatever the gradient's size (its variance estimate holds one or two
     gradients), so a warm-up keeps the first versions close to the base policy. Counted from the
     optimiser's own step count, so a resumed run goes on where it stopped."""
+    freeze_vision_tower: bool = False
+    """A vision-language model's vision encoder is not trained (its projector is): no gradients, no
+    optimiser state and no saved activations for it, 14 B a parameter less under mixed-precision
+    Adam (verl's `freeze_vision_tower`). Also in warm-up stages. Refused for a text model."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input for backward and recompute the layer there: activation
+    memory per token falls from every layer's saved tensors to one layer's plus the inputs, for
+    one more forward per backward (`model.gradient_checkpointing_enable`, non-reentrant; what
+    verl's `enable_gradient_checkpointing` and TRL's `gradient_checkpointing` do). Measured by
+    `benchmarks/trainer_activation_memory.py --checkpointing`."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch (PPO epochs); each pass makes `mini_batches` optimiser updates."""
     mini_batches: int = Field(1, ge=1)

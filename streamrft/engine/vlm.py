@@ -133,3 +133,32 @@ def trajectory_pixels(processor, media):
 def image_positions(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
     """A bool mask of the image placeholder tokens (prompt tokens: never trained)."""
     return input_ids == image_token_id
+
+
+# where transformers' vision-language models keep their vision encoder, and its projector into the
+# language model, which stays trainable (LLaVA: `multi_modal_projector` beside the tower; Qwen2-VL
+# and Qwen2.5-VL: `visual.merger` inside it)
+_TOWERS = ("model.vision_tower", "model.visual", "vision_tower", "visual")
+_PROJECTORS = ("merger",)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Stop training `model`'s vision encoder (`trainer.freeze_vision_tower`): its parameters keep no
+    gradient, no optimiser state, and the trainer's forward saves no activations for them. The
+    projector into the language model stays trainable. Returns the parameters frozen."""
+    for path in _TOWERS:
+        tower = model
+        for name in path.split("."):
+            tower = getattr(tower, name, None)
+            if tower is None:
+                break
+        if isinstance(tower, torch.nn.Module):
+            frozen = 0
+            for name, p in tower.named_parameters():
+                if name.split(".")[0] not in _PROJECTORS:
+                    p.requires_grad_(False)
+                    frozen += p.numel()
+            return frozen
+    raise ValueError(f"trainer.freeze_vision_tower: {type(model).__name__} has no vision tower "
+                     f"(looked for {', '.join(_TOWERS)})")
+

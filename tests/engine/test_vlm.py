@@ -2,6 +2,7 @@
 its image placeholders counted, and its output depending on the picture."""
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -69,3 +70,49 @@ def test_an_image_pair_is_laid_out_as_explorers_prompt_and_trains_only_the_answe
     assert torch.equal(_pixels(seqs), torch.cat([pixels, blue[2]]))
     _, _, labels = _batch(tok, seqs)
     assert (labels[0] != -100).sum() == 2 and (labels[1] != -100).sum() == 2
+
+
+_FROZEN_STEP = r"""
+import sys, torch
+from PIL import Image
+from streamrft.config import TrainerConfig
+from streamrft.engine.sft import image_pair_sequence
+from streamrft.engine.training import make_train_engine
+from streamrft.engine.vlm import build_tiny_vlm
+from streamrft.producers.image_tasks import ALPHABET
+
+engine_type, out = sys.argv[1], sys.argv[2]
+model, proc = build_tiny_vlm(out, ALPHABET)
+before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+cfg = TrainerConfig(engine=engine_type, lr=0.01, freeze_vision_tower=True,
+                    **({"deepspeed": {"zero_stage": 2, "num_gpus": 1}} if engine_type == "deepspeed" else {}))
+engine = make_train_engine(cfg, model)
+ids, mask, pixels = image_pair_sequence(proc, "which digit?", "7", [Image.new("RGB", (32, 32), (255, 0, 0))])
+x = torch.tensor([ids])
+logits = engine.model(input_ids=x, pixel_values=pixels).logits[0, :-1]
+loss = -(torch.log_softmax(logits, -1).gather(1, x[0, 1:, None])[:, 0] * torch.tensor(mask[1:])).sum()
+engine.backward(loss)
+engine.step()
+after = engine.model.state_dict()
+tower = [k for k in before if ".vision_tower." in k]
+assert tower and all(torch.equal(before[k], after[k]) for k in tower), "the vision tower moved"
+assert any(not torch.equal(before[k], after[k]) for k in before if "multi_modal_projector" in k), "the projector did not train"
+assert any(not torch.equal(before[k], after[k]) for k in before if "language_model" in k), "the language model did not train"
+trainable = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
+print("ok", trainable, sum(p.numel() for p in engine.model.parameters()))
+"""
+
+
+@pytest.mark.parametrize("engine_type", ["torch", "deepspeed"])
+def test_a_frozen_vision_tower_keeps_its_weights_while_the_rest_trains(tmp_path, engine_type):
+    """`trainer.freeze_vision_tower` on both training engines (DeepSpeed ZeRO-2, one gloo rank, in
+    a process of its own): one step moves the projector and the language model, not the tower."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _FROZEN_STEP, engine_type, str(tmp_path / "m")],
+                         capture_output=True, text=True, timeout=300)
+    last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    assert res.returncode == 0 and last.startswith("ok "), res.stdout[-2000:] + res.stderr[-3000:]
+    trainable, total = map(int, last.split()[1:3])
+    assert 0 < trainable < total

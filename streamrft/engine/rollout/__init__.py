@@ -29,7 +29,9 @@ def engine_from_config(cfg) -> RolloutEngine:
     """The rollout engine a RunConfig's `explorer.engine` section describes, serving `model.path`."""
     e = cfg.explorer.engine
     # vLLM must enable LoRA when it is built; the transformers engine merges whatever comes
-    extra = ({"gpu_memory_utilization": e.gpu_memory_utilization, "kv_cache_gib": e.kv_cache_gib, "lora": cfg.model.lora}
+    extra = ({"gpu_memory_utilization": e.gpu_memory_utilization, "kv_cache_gib": e.kv_cache_gib, "lora": cfg.model.lora,
+              "max_model_len": e.max_model_len,
+              **({} if e.max_images is None else {"limit_mm_per_prompt": {"image": e.max_images, "video": 0}})}
              if e.type == "vllm" else {})
     dtype = e.dtype or cfg.model.dtype
     if e.type == "transformers":  # vLLM runs on GPUs, where bfloat16 is as asked

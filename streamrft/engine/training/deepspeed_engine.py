@@ -64,7 +64,8 @@ class DeepSpeedTrainEngine:
             "steps_per_print": 10**9,
             **cfg.deepspeed.config,
         }
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay)  # frozen ones keep no optimiser state
         # the warm-up as the torch engine's; DeepSpeed steps it with each update and keeps it in its checkpoint
         warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: warmup_factor(k, cfg.warmup_steps))
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=warmup,
