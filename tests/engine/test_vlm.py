@@ -116,3 +116,27 @@ def test_a_frozen_vision_tower_keeps_its_weights_while_the_rest_trains(tmp_path,
     assert res.returncode == 0 and last.startswith("ok "), res.stdout[-2000:] + res.stderr[-3000:]
     trainable, total = map(int, last.split()[1:3])
     assert 0 < trainable < total
+
+
+def test_a_vlm_checkpoint_resumes_whatever_names_save_pretrained_wrote(tmp_path):
+    """transformers saves LLaVA's weights under its legacy names (`language_model.model.*`,
+    `vision_tower.*`); the torch engine's resume maps them back: the same weights, the optimiser's
+    state restored (a trainer killed mid-run resumed from its checkpoint, tests/test_restart_images.py)."""
+    from streamrft.config import TrainerConfig
+    from streamrft.engine.training import make_train_engine
+    from streamrft.engine.shards import load_shards
+
+    model, _ = build_tiny_vlm(tmp_path / "m", ALPHABET, hidden_size=32, layers=1, heads=2)
+    engine = make_train_engine(TrainerConfig(lr=0.01), model)
+    loss = sum(p.float().pow(2).sum() for p in model.parameters())
+    engine.backward(loss)
+    engine.step()
+    (tmp_path / "ckpt").mkdir()
+    engine.save(tmp_path / "ckpt")
+    assert any(k.startswith("language_model.") for k in load_shards(tmp_path / "ckpt"))  # the on-disk names
+    fresh, _ = build_tiny_vlm(tmp_path / "m2", ALPHABET, hidden_size=32, layers=1, heads=2, seed=1)
+    resumed = make_train_engine(TrainerConfig(lr=0.01), fresh)
+    resumed.load(tmp_path / "ckpt")
+    saved = model.state_dict()
+    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
+    assert resumed.updates == 1

@@ -77,6 +77,11 @@ class TorchTrainEngine:
             load_adapter(self.model, load_file(str(directory / ADAPTER_FILE)))
         else:
             missing, unexpected = self.model.load_state_dict(load_shards(directory), strict=False)
+            if unexpected:  # weights saved under the model's on-disk names (transformers renames some
+                # models' weights in save_pretrained, e.g. LLaVA's): let transformers map them back
+                saved = type(self.model).from_pretrained(str(directory), dtype=next(self.model.parameters()).dtype,
+                                                         local_files_only=True)
+                missing, unexpected = self.model.load_state_dict(saved.state_dict(), strict=False)
             if unexpected or any("lm_head" not in k for k in missing):
                 raise RuntimeError(f"checkpoint {directory} does not match the model: missing {missing}, "
                                    f"unexpected {unexpected}")
