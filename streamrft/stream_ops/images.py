@@ -2,8 +2,9 @@
 meet in the middle of a batch.
 
 - Every trajectory's images begin with its task's (the same references, in order).
-- With the run's processor (a vision-language `model.path` on this worker): each prompt holds
-  exactly the placeholder tokens its images expand to, and no response holds one.
+- With the run's processor (a vision-language `model.path` on this worker): each trajectory holds
+  exactly the placeholder tokens its images expand to (in its prompt, or in its response where an
+  observation between turns showed them, masked 0), and none is trained.
 - Every image is in the run's store and is what its reference says: the bytes hash to its sha256,
   decode as its format at its size, within the limits (`infra.media`; fetched once into this
   worker's cache).
@@ -41,13 +42,13 @@ class ImageCheck:
             if t.images[: len(task_images)] != task_images:
                 raise InvalidRollout(f"trajectories.{i}.images", "must begin with the task's images")
             if self.image_id is not None:
+                if any(tok == self.image_id and m for tok, m in zip(t.response_ids, t.mask())):
+                    raise InvalidRollout(f"trajectories.{i}.response_ids", "an image placeholder is trained (mask 1)")
                 want = sum(self.placeholders(r) for r in t.images)
-                got = t.prompt_ids.count(self.image_id)
+                got = t.prompt_ids.count(self.image_id) + t.response_ids.count(self.image_id)
                 if got != want:
                     raise InvalidRollout(f"trajectories.{i}.prompt_ids",
                                          f"{got} image placeholders for {len(t.images)} image(s) of {want} in all")
-                if self.image_id in t.response_ids:
-                    raise InvalidRollout(f"trajectories.{i}.response_ids", "an image placeholder in the response")
         seen = set()
         for where, refs in (("task.images", task_images),
                             *((f"trajectories.{i}.images", t.images) for i, t in enumerate(group.trajectories))):

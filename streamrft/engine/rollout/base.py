@@ -50,19 +50,21 @@ def check_seeds(params: SamplingParams, prompts: int) -> None:
 
 
 def check_images(processor: Any, prompt_ids: list[list[int]], images: list[list]) -> None:
-    """Every engine's check of `images`: one list per prompt, as many images as the prompt holds
-    image groups (runs of the processor's image token), the last prompt token not an image's (the
-    engine prefills all but the last token), and a vision-language model to see them."""
+    """Every engine's check of `images`: one list per prompt, as many placeholder tokens in the
+    prompt as its images expand to (`engine.vlm.placeholders_per_image`), the last prompt token not
+    an image's (the engine prefills all but the last token), and a vision-language model to see them."""
     if processor is None:
         raise ValueError("images given to a text model: the model directory has no image processor")
     if len(images) != len(prompt_ids):
         raise ValueError(f"{len(images)} image lists for {len(prompt_ids)} prompts: need one per prompt")
+    from streamrft.engine.vlm import placeholders_per_image
+
     image_id = processor.image_token_id
     for i, (ids, imgs) in enumerate(zip(prompt_ids, images)):
-        groups = sum(1 for k, t in enumerate(ids) if t == image_id and (k == 0 or ids[k - 1] != image_id))
-        if groups != len(imgs):
-            raise ValueError(f"prompt {i} holds {groups} image(s) (runs of {processor.image_token}) "
-                             f"but {len(imgs)} were given")
+        want = sum(placeholders_per_image(processor, *im.size) for im in imgs)
+        if ids.count(image_id) != want:
+            raise ValueError(f"prompt {i} holds {ids.count(image_id)} image placeholders ({processor.image_token}) "
+                             f"but its {len(imgs)} image(s) expand to {want}")
         if ids and ids[-1] == image_id:
             raise ValueError(f"prompt {i} ends with an image placeholder: put text after the image")
 

@@ -37,7 +37,7 @@ import functools
 import sys
 from typing import Any, Callable
 
-from streamrft.producers.envs.base import Environment, StepResult
+from streamrft.producers.envs.base import Environment, Observation, StepResult
 from streamrft.producers.envs import calculator, guess_number
 from streamrft.producers.envs.calculator import Calculator
 from streamrft.producers.envs.guess_number import GuessNumber
@@ -99,4 +99,5 @@ def env_factory(type: str | None, import_path: str | None = None, params: dict[s
     return functools.partial(cls, **(params or {}))
 
 
-__all__ = ["ALPHABETS", "ENVIRONMENTS", "EnvFactory", "Environment", "PLAYERS", "Player", "StepResult", "TASKS", "env_factory"]
+__all__ = ["ALPHABETS", "ENVIRONMENTS", "EnvFactory", "Environment", "Observation", "PLAYERS", "Player", "StepResult", "TASKS",
+           "env_factory"]

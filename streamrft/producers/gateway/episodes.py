@@ -6,9 +6,10 @@ prompt + sampled ids (compared on ids), the episode is one concatenated trajecto
 prompt, then each call's new prompt ids (mask 0, log-prob 0.0: the environment's, the tools', the
 chat template's) and its sampled ids (mask 1, their log-probs), as the `multi_turn` workflow lays
 out its own episodes. Otherwise it is step-wise: one trajectory per call, prompt = that call's
-prompt, response = its sampled ids, as the `step_wise` workflow does. A later call that shows new
-images (an image observation) also makes the episode step-wise: a trajectory's images are its
-prompt's, and no response holds an image's placeholders (stream ops check both).
+prompt, response = its sampled ids, as the `step_wise` workflow does. Images: a concatenated
+trajectory names every image of its last call, in placeholder order; those a later call added (an
+image observation) have their placeholders in the response, masked 0, as the `multi_turn`
+workflow lays them out (stream ops check that none is trained).
 
 Rewards: the episode's total (`reward`, or the sum of per-call `rewards`) is every trajectory's
 `env_reward` (score it with the `env` reward term); per-call rewards go to `info.step_rewards`
@@ -63,7 +64,7 @@ def trajectories(episode_id: str, calls: list[Call], finish: Finish, tokenizer: 
     versions = [c.version for c in calls]
     last_reason = finish.finish_reason or calls[-1].finish_reason
     meta = {"metadata": finish.metadata} if finish.metadata else {}
-    if extends(calls) and all(c.images == calls[0].images for c in calls):
+    if extends(calls) and all(c.images[: len(p.images)] == p.images for p, c in zip(calls, calls[1:])):
         response, logprobs, mask = [], [], []
         for k, c in enumerate(calls):
             if k:
@@ -74,7 +75,7 @@ def trajectories(episode_id: str, calls: list[Call], finish: Finish, tokenizer: 
             response += c.ids
             logprobs += [min(lp, 0.0) for lp in c.logprobs]
             mask += [1] * len(c.ids)
-        return [Trajectory(**common, model_version=min(versions), prompt_ids=calls[0].prompt_ids, images=calls[0].images,
+        return [Trajectory(**common, model_version=min(versions), prompt_ids=calls[0].prompt_ids, images=calls[-1].images,
                            response_ids=response, logprobs=logprobs, loss_mask=mask, env_reward=finish.reward,
                            response_text=tokenizer.decode(response, skip_special_tokens=True),
                            finish_reason=last_reason,

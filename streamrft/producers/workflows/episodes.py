@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from streamrft.engine.rollout.base import RolloutEngine, SamplingParams, derive_seed
-from streamrft.producers.envs.base import Environment
-from streamrft.producers.workflows.turns import TurnEncoder
-from streamrft.schemas import Task, new_id
+from streamrft.producers.envs.base import Environment, Observation
+from streamrft.producers.workflows.turns import Shown, TurnEncoder
+from streamrft.schemas import MAX_IMAGES, Task, new_id
 
 ENV_DONE, MAX_TURNS, LENGTH, MAX_TOTAL_TOKENS = "env_done", "max_turns", "length", "max_total_tokens"
+MAX_IMAGES_SHOWN = "max_images"  # the observations would show more than a trajectory may carry (MAX_IMAGES)
 ENV_ERROR, ENV_TIMEOUT = "env_error", "env_timeout"
 FAILED = (ENV_ERROR, ENV_TIMEOUT)
 """Endings the environment caused: the episode is counted, never trained."""
@@ -92,6 +93,25 @@ class Episode:
     """The `info` of the environment's last step."""
     error: str = ""
     """What the environment did wrong, when `finish_reason` is in FAILED."""
+    images: list = field(default_factory=list)
+    """The `ImageRef`s whose placeholders the episode's ids hold (the prompt's, then the observations'), in order."""
+    pictures: list = field(default_factory=list)
+    """The same images as PIL, what the engine samples with."""
+
+    @classmethod
+    def start(cls, task: Task, env: Environment, shown: Shown) -> "Episode":
+        """An episode whose prompt is `shown` (`TurnEncoder.first`)."""
+        return cls(task, env, shown.ids, images=list(shown.images), pictures=list(shown.pictures))
+
+    def show(self, shown: Shown) -> None:
+        """Append what the environment showed between two model turns (masked 0), with its images."""
+        self.add_other_tokens(shown.ids)
+        self.images += shown.images
+        self.pictures += shown.pictures
+
+    def engine_images(self) -> dict:
+        """`engine.generate`'s keyword for this episode alone: its pictures, if any."""
+        return {"images": [self.pictures]} if self.pictures else {}
 
     @property
     def failed(self) -> bool:
@@ -140,14 +160,15 @@ def run_episodes(engine: RolloutEngine, tasks: list[Task], params: SamplingParam
     spent outside the engine's calls: the environments' (and the tokenizer's, a little). With
     `params.seeds` (one per task) each turn is sampled with its own `turn_seed`."""
     t_start, engine_s = time.monotonic(), 0.0
-    encoder = TurnEncoder(engine.tokenizer, chat)
+    encoder = TurnEncoder(engine.tokenizer, chat, getattr(engine, "vision", None))
     episodes: list[list[Episode]] = []
     for task in tasks:
         row = []
         for _ in range(params.n):
             environment = env()
             try:
-                row.append(Episode(task, environment, encoder.prompt(task, checked_reset(environment, task))))
+                observation = checked_reset(environment, task)
+                row.append(Episode.start(task, environment, shown(environment, lambda: encoder.first(task, observation))))
             except EnvFailure as f:
                 row.append(failed_episode(task, environment, f))
         episodes.append(row)
@@ -166,7 +187,8 @@ def run_episodes(engine: RolloutEngine, tasks: list[Task], params: SamplingParam
                                    seed=None if params.seed is None else params.seed + k,
                                    seeds=None if seeds is None else [turn_seed(*seeds[id(e)], len(e.turns)) for e in live])
         t0 = time.monotonic()
-        outputs = engine.generate([e.prompt_ids + e.response_ids for e in live], call)
+        images = {"images": [e.pictures for e in live]} if any(e.pictures for e in live) else {}
+        outputs = engine.generate([e.prompt_ids + e.response_ids for e in live], call, **images)
         engine_s += time.monotonic() - t0
         for e, budget, (completion,) in zip(live, budgets, outputs):
             turn = model_turn(e, completion, budget, params.max_new_tokens, engine.tokenizer)
@@ -204,6 +226,17 @@ def kept_episodes(task: Task, episodes: list[Episode], min_episodes: int | None,
     return kept
 
 
+def shown(env: Environment, encode: Callable[[], Shown]) -> Shown:
+    """`encode()` (a `TurnEncoder`'s `first` or `next`); an image the environment showed that cannot
+    be used (it does not decode, is too large, or the model sees no images) is its failure."""
+    from streamrft.infra.media import MediaError
+
+    try:
+        return encode()
+    except MediaError as e:
+        raise EnvFailure(ENV_ERROR, f"{type(env).__name__} showed an image that cannot be used: {e}") from None
+
+
 def failed_episode(task: Task, env: Environment, failure: EnvFailure) -> Episode:
     """An episode whose environment failed before its first observation (no prompt)."""
     e = Episode(task, env, prompt_ids=[])
@@ -211,7 +244,7 @@ def failed_episode(task: Task, env: Environment, failure: EnvFailure) -> Episode
     return e
 
 
-def checked_reset(env: Environment, task: Task) -> str:
+def checked_reset(env: Environment, task: Task) -> str | Observation:
     """`env.reset(task)`, its failure an EnvFailure."""
     try:
         observation = _settled(env.reset(task))
@@ -229,13 +262,27 @@ async def _wait(out: Any) -> Any:
     return await out
 
 
-def check_observation(env: Environment, observation: Any) -> str:
-    if not isinstance(observation, str):
-        raise EnvFailure(ENV_ERROR, f"{type(env).__name__}.reset returned {observation!r:.60}, not a str")
+def is_observation(observation: Any) -> bool:
+    """A str, or an `Observation` of a str and at most MAX_IMAGES images (PIL images or file bytes)."""
+    if isinstance(observation, str):
+        return True
+    if not isinstance(observation, Observation) or not isinstance(observation.text, str):
+        return False
+    from PIL import Image
+
+    images = observation.images
+    return (isinstance(images, (list, tuple)) and len(images) <= MAX_IMAGES
+            and all(isinstance(im, (Image.Image, bytes)) for im in images))
+
+
+def check_observation(env: Environment, observation: Any) -> str | Observation:
+    if not is_observation(observation):
+        raise EnvFailure(ENV_ERROR, f"{type(env).__name__}.reset returned {observation!r:.60}, not a str or an "
+                                    f"Observation(text, images) of at most {MAX_IMAGES} PIL images or image files")
     return observation
 
 
-def checked_step(env: Environment, action: str, task: Task) -> tuple[str, float, bool, dict]:
+def checked_step(env: Environment, action: str, task: Task) -> tuple[str | Observation, float, bool, dict]:
     """`env.step(action)`, its failure an EnvFailure."""
     try:
         result = _settled(env.step(action))
@@ -244,7 +291,7 @@ def checked_step(env: Environment, action: str, task: Task) -> tuple[str, float,
     return check_result(env, result, task)
 
 
-def check_result(env: Environment, result: Any, task: Task) -> tuple[str, float, bool, dict]:
+def check_result(env: Environment, result: Any, task: Task) -> tuple[str | Observation, float, bool, dict]:
     """A step's result as (observation, reward, done, info), or an EnvFailure saying what is wrong."""
     try:
         observation, reward, done, info = result
@@ -253,9 +300,10 @@ def check_result(env: Environment, result: Any, task: Task) -> tuple[str, float,
     except (TypeError, ValueError) as exc:
         raise EnvFailure(ENV_ERROR, f"{type(env).__name__}.step returned {result!r:.60} (task {task.task_id}): "
                                     f"not (observation, reward, done, info)") from exc
-    if not math.isfinite(reward) or not isinstance(observation, str):
+    if not math.isfinite(reward) or not is_observation(observation):
         raise EnvFailure(ENV_ERROR, f"{type(env).__name__}.step returned observation {observation!r:.40} and reward "
-                                    f"{reward} (task {task.task_id}): the observation must be a str, the reward finite")
+                                    f"{reward} (task {task.task_id}): the observation must be a str or an "
+                                    f"Observation(text, images), the reward finite")
     return observation, reward, bool(done), info
 
 
@@ -286,7 +334,7 @@ def model_turn(e: Episode, completion, budget: int, max_new_tokens: int, tokeniz
     return turn
 
 
-def answer(e: Episode, turn: ModelTurn, result: tuple[str, float, bool, dict], encoder: TurnEncoder,
+def answer(e: Episode, turn: ModelTurn, result: tuple[str | Observation, float, bool, dict], encoder: TurnEncoder,
            limits: TurnLimits) -> None:
     """The environment's (checked) answer to `turn`: end the episode, or append the tokens before the next turn."""
     observation, reward, done, info = result
@@ -298,8 +346,10 @@ def answer(e: Episode, turn: ModelTurn, result: tuple[str, float, bool, dict], e
     elif len(e.turns) >= limits.max_turns:
         e.finish_reason = MAX_TURNS
     else:
-        between = encoder.between(observation, stop_id=ids[-1])  # reason 'stop': ids end with the stop token
-        if e.length + len(between) >= limits.max_total_tokens:
+        between = shown(e.env, lambda: encoder.next(observation, stop_id=ids[-1]))  # 'stop': ids end with the stop token
+        if e.length + len(between.ids) >= limits.max_total_tokens:
             e.finish_reason = MAX_TOTAL_TOKENS  # no room left for a model token after the observation
+        elif len(e.images) + len(between.images) > MAX_IMAGES:
+            e.finish_reason = MAX_IMAGES_SHOWN
         else:
-            e.add_other_tokens(between)
+            e.show(between)

@@ -3,8 +3,10 @@
 `response_ids` = model turn + environment turn + model turn ..., exactly the ids the engine saw;
 `loss_mask` is 1 on the model's sampled tokens and 0 on the environment's and the chat template's
 (whose log-probs are 0.0). `env_reward` is the episode's total environment reward; `info` holds
-`episode_id`, `turns`, `step_rewards` and the environment's last `env_info`. The n episodes of a
-task form its RolloutGroup, as single-turn samples do. See `episodes.py` for the turn loop and limits.
+`episode_id`, `turns`, `step_rewards` and the environment's last `env_info`; `images` the pictures
+the task and the observations showed, in the order of their placeholders (which sit in the prompt
+and, masked 0, in the response). The n episodes of a task form its RolloutGroup, as single-turn
+samples do. See `episodes.py` for the turn loop and limits.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def episode_group(tokenizer, task: Task, episodes: list[Episode], *, version: in
         return None
     gid = new_id()
     trajs = [Trajectory(group_id=gid, task_id=task.task_id, team=team, **versions(e, version),
-                        prompt_ids=e.prompt_ids, response_ids=e.response_ids, logprobs=e.logprobs,
+                        prompt_ids=e.prompt_ids, response_ids=e.response_ids, logprobs=e.logprobs, images=e.images,
                         loss_mask=e.loss_mask, env_reward=e.env_reward, finish_reason=e.finish_reason,
                         response_text=tokenizer.decode(e.response_ids, skip_special_tokens=True),
                         info=episode_info(e))

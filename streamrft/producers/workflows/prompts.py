@@ -9,7 +9,7 @@ a text task gives no images and the ids `encode_prompt` always gave.
 """
 from __future__ import annotations
 
-from streamrft.schemas import Task
+from streamrft.schemas import ImageRef, Task
 
 
 def encode_prompt(tokenizer, task: Task, chat: bool = False) -> list[int]:
@@ -26,6 +26,17 @@ def encode_prompt(tokenizer, task: Task, chat: bool = False) -> list[int]:
 class TaskImages:
     def __init__(self, processor, media):
         self.processor, self.media = processor, media
+
+    def store(self, image) -> "ImageRef":
+        """An environment's image (a PIL image, stored as PNG, or an image file's bytes) put once in
+        the run's media store; its reference (`infra.media.MediaError` if it is no usable image)."""
+        if not isinstance(image, bytes):
+            import io
+
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+            image = buf.getvalue()
+        return self.media.put(image)
 
     def prompt(self, task: Task, chat: bool = False) -> tuple[list[int], list]:
         """(prompt ids with every image's placeholders, the images as PIL)."""

@@ -40,7 +40,7 @@ from streamrft.engine.rollout.base import Completion, RolloutEngine, SamplingPar
 from streamrft.producers.envs.base import Environment
 from streamrft.producers.workflows.episodes import (ENV_ERROR, ENV_TIMEOUT, MAX_TOTAL_TOKENS, EnvFailure, Episode,
                                                     TurnLimits, answer, check_observation, check_result,
-                                                    failed_episode, model_turn, turn_seed)
+                                                    failed_episode, model_turn, shown, turn_seed)
 from streamrft.producers.workflows.prompts import prompt_of
 from streamrft.producers.workflows.turns import TurnEncoder
 from streamrft.schemas import Task
@@ -73,7 +73,7 @@ class EpisodeScheduler:
         whatever became ready meanwhile. None: no bound. `opening()`: how many groups the owner is
         admitting (the engine's wait while some are counts as `reserve_s`, not `idle_s`)."""
         self.engine, self.params, self.env, self.limits = engine, params, env, limits
-        self.encoder = TurnEncoder(engine.tokenizer, chat)
+        self.encoder = TurnEncoder(engine.tokenizer, chat, getattr(engine, "vision", None))
         self.step_timeout_s, self.before_generate, self.batch_wait_s = step_timeout_s, before_generate, batch_wait_s
         self.max_rows, self.opening = max_rows, opening or (lambda: 0)
         self._env_pool = ThreadPoolExecutor(env_threads, thread_name_prefix="env")
@@ -137,9 +137,9 @@ class EpisodeScheduler:
         try:
             try:
                 observation = check_observation(env, await self._env_call(env, "reset", task))
+                e = Episode.start(task, env, shown(env, lambda: self.encoder.first(task, observation)))
             except EnvFailure as f:
                 return failed_episode(task, env, f)
-            e = Episode(task, env, self.encoder.prompt(task, observation))
             try:
                 while e.finish_reason is None:
                     if e.length >= self.limits.max_total_tokens:
@@ -188,7 +188,7 @@ class EpisodeScheduler:
 
     async def _model_turn(self, e: Episode, budget: int, seed: int | None = None):
         """(completion, version) of the episode's next model turn, sampled with up to `budget` tokens."""
-        (completion,), version = await self._request(e.prompt_ids + e.response_ids, 1, budget, seed)
+        (completion,), version = await self._request(e.prompt_ids + e.response_ids, 1, budget, seed, e.pictures or None)
         return completion, version
 
     async def _request(self, ids: list[int], n: int, budget: int, seed: int | None = None,

@@ -4,8 +4,8 @@ The tiny LLaVA built here serves; an agent sends OpenAI `image_url` content part
 the `s3://` URL of an image already in the run's media). Checks: the image is stored once in S3 by
 its sha256 and the episode's trajectory names it; the prompt is laid out as the explorers lay out a
 picture task (`image_prompt_ids`); the recorded log-probs are the policy's with those pixels; stream
-ops' image check passes the group; an image observation in a later turn makes the episode
-step-wise; and every bad image is a 400 naming its field, with nothing recorded and the gateway
+ops' image check passes the group; an image observation in a later turn is concatenated, its
+placeholders masked in the response; and every bad image is a 400 naming its field, with nothing recorded and the gateway
 serving on.
 """
 from __future__ import annotations
@@ -125,7 +125,10 @@ def test_an_image_url_episode_records_the_picture_by_reference_with_the_sampled_
     assert _group(vlm, gid2).trajectories[0].images == [ref]
 
 
-def test_an_image_observation_in_a_later_turn_makes_the_episode_step_wise(vlm):
+def test_an_image_observation_in_a_later_turn_is_concatenated_with_its_placeholders_masked(vlm):
+    from streamrft.infra.media import MediaStore
+    from streamrft.stream_ops.images import ImageCheck
+
     client, gid, e = vlm.client(), uuid.uuid4().hex, uuid.uuid4().hex
     red, blue = _png((220, 30, 30)), _png((30, 30, 220))
     messages = [_user("look:", _data_url(red))]
@@ -133,14 +136,14 @@ def test_an_image_observation_in_a_later_turn_makes_the_episode_step_wise(vlm):
     messages += [{"role": "assistant", "content": reply}, _user("and now?", _data_url(blue))]
     _chat(client, messages, e, gid)
     assert _finish(vlm, e, 0.5)["status"] == "published"
-    steps = _group(vlm, gid).trajectories
-    assert [t.info["assembly"] for t in steps] == ["step_wise", "step_wise"]
-    shas = [hashlib.sha256(b).hexdigest() for b in (red, blue)]
-    assert [r.sha256 for r in steps[0].images] == shas[:1] and [r.sha256 for r in steps[1].images] == shas
+    group = _group(vlm, gid)
+    (traj,) = group.trajectories
+    assert traj.info["assembly"] == "concatenated"
+    assert [r.sha256 for r in traj.images] == [hashlib.sha256(b).hexdigest() for b in (red, blue)]
     image_id = vlm.engine.processor.image_token_id
-    assert steps[1].prompt_ids.count(image_id) == 2 * steps[0].prompt_ids.count(image_id) > 0
-    assert steps[1].prompt_ids[: len(steps[0].prompt_ids) + len(steps[0].response_ids)] == \
-        steps[0].prompt_ids + steps[0].response_ids  # the second call continued the first's exact ids
+    assert traj.prompt_ids.count(image_id) == traj.response_ids.count(image_id) > 0  # the second picture's
+    assert all(m == 0 for tok, m in zip(traj.response_ids, traj.loss_mask) if tok == image_id)
+    ImageCheck(MediaStore(vlm.cfg.s3, vlm.cfg.namespace, vlm.cfg.output_dir + "/check-cache"), vlm.engine.processor)(group)
 
 
 @pytest.mark.parametrize("url, field, why", [
