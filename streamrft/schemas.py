@@ -424,13 +424,72 @@ class DeadLetter(Message):
     value: bytes = Field(description="the original record's value: msgpack bin, not JSON")
 
 
+FEEDBACK_SOURCES = ("human", "user", "verifier", "model")
+FEEDBACK_TARGETS = ("trajectory", "episode", "completion")
+MAX_COMMENT = 4096
+
+
+class Preference(BaseModel):
+    """Two rated items of the same kind (`Feedback.target`): the rater preferred `chosen`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chosen: Id
+    rejected: Id
+
+
+class Feedback(Message):
+    """A rating that arrives later and from elsewhere: a person on the labelling page, a user of the
+    deployed model, a slow verifier, another team's grader.
+
+    Published on `<ns>.feedback.<team>` (keyed by the rated id); the team is the topic's (the
+    gateway's key, or the Kafka user allowed to write it), never a field a producer chooses.
+    Exactly one of `reward`, `preference`, `label`: `reward` and `label` rate `target_id`; a
+    `preference` names two ids of the `target` kind and no `target_id`. `feedback_id` is unique per
+    rating: a copy with the same id is the same rating, applied once.
+    """
+
+    kind: Literal["feedback"] = "feedback"
+    feedback_id: Id = Field(default_factory=new_id, description="one rating's id: copies of it count once")
+    target: Literal[FEEDBACK_TARGETS] = Field(description="what is rated: a trajectory, an episode (its "
+                                                          "trajectories), or a gateway completion")
+    target_id: Id | None = Field(None, description="the rated item's id (with `reward` or `label`)")
+    reward: float | None = Field(None, ge=-1e6, le=1e6, description="a scalar reward, finite")
+    preference: Preference | None = Field(None, description="two items of the `target` kind, chosen over rejected")
+    label: Name | None = Field(None, min_length=1, description="a label from the run's configured set")
+    source: Literal[FEEDBACK_SOURCES] = Field(description="who rated: a person, a user of the deployed model, "
+                                                          "a verifier, a model")
+    rater: Name = Field(min_length=1, description="the rater's id (a person's login, a verifier's name)")
+    rated_at: float = Field(default_factory=_now, ge=0, description="epoch seconds when it was rated")
+    comment: str = Field("", max_length=MAX_COMMENT)
+
+    @model_validator(mode="after")
+    def _one_rating(self) -> "Feedback":
+        given = [name for name in ("reward", "preference", "label") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise _error_at(given[1] if len(given) > 1 else "reward",
+                            f"exactly one of reward, preference, label (got {', '.join(given) or 'none'})")
+        if self.preference is None and self.target_id is None:
+            raise _error_at("target_id", f"a {given[0]} rates one item: name it")
+        if self.preference is not None:
+            if self.target_id is not None:
+                raise _error_at("target_id", "a preference names its two items in `preference`, not here")
+            if self.preference.chosen == self.preference.rejected:
+                raise _error_at("preference", "chosen and rejected are the same item")
+        return self
+
+    def rated(self) -> list[str]:
+        """The ids this rating is about."""
+        return [self.target_id] if self.preference is None else [self.preference.chosen, self.preference.rejected]
+
+
 MESSAGES: dict[str, type[Message]] = {
     m.model_fields["kind"].default: m
     for m in (Task, Trajectory, RolloutGroup, ExperienceGroup, WeightVersion, Metric, DeadLetter, ExplorerLedger,
-              GroupDropped, TaskOutcome)
+              GroupDropped, TaskOutcome, Feedback)
 }
 
-# topic role -> message type(s); the full name is f"{namespace}.{role}" (rollouts: ".<team>")
+# topic role -> message type(s); the full name is f"{namespace}.{role}" (rollouts, feedback: ".<team>")
 TOPICS: dict[str, type[Message] | tuple[type[Message], ...]] = {
     "tasks": Task,
     "rollouts": RolloutGroup,
@@ -440,14 +499,16 @@ TOPICS: dict[str, type[Message] | tuple[type[Message], ...]] = {
     "dlq": DeadLetter,
     "admission": (ExplorerLedger, GroupDropped),
     "task-stats": TaskOutcome,
+    "feedback": Feedback,
 }
+PER_TEAM = ("rollouts", "feedback")  # topic roles with one topic a team: `<ns>.<role>.<team>`
 
 
 def topic_name(namespace: str, role: str, team: str | None = None) -> str:
     if role not in TOPICS:
         raise ValueError(f"unknown topic role {role!r}; allowed: {sorted(TOPICS)}")
-    if role == "rollouts":
-        return f"{namespace}.rollouts.{team or 'default'}"
+    if role in PER_TEAM:
+        return f"{namespace}.{role}.{team or 'default'}"
     return f"{namespace}.{role}"
 
 

@@ -167,7 +167,7 @@ def test_streamrft_topics_creates_the_run_topics_idempotently(stack, namespace, 
         "kafka": {"bootstrap": stack.kafka.bootstrap, "partitions": 3}, "explorer": {"team": "blue"}}))
     expected = {f"{namespace}.{t}": p for t, p in [("tasks", 3), ("experiences", 3), ("weights", 1),
                                                      ("metrics", 1), ("dlq", 1), ("admission", 1),
-                                                     ("task-stats", 1), ("rollouts.blue", 3)]}
+                                                     ("task-stats", 1), ("rollouts.blue", 3), ("feedback.blue", 3)]}
     code = ("import sys; from streamrft.cli import main; rc = main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'streamrft topics imported torch'; sys.exit(rc)")
     outputs = []
@@ -319,16 +319,18 @@ def test_each_team_has_a_scram_user(compose, tmp_path):
     assert _scram_users(calls) == {team: f"SCRAM-SHA-512=[password={passwords[team]}]" for team in KAFKA_TEAMS}
 
 
-def test_each_team_may_write_only_its_own_rollouts_topic(compose, tmp_path):
-    """The only ACLs: Write and Describe for User:<team> on the literal topic <namespace>.rollouts.<team>,
+def test_each_team_may_write_only_its_own_rollouts_and_feedback_topics(compose, tmp_path):
+    """The only ACLs: Write and Describe for User:<team> on the literal topics <namespace>.rollouts.<team>
+    and <namespace>.feedback.<team>,
     the namespace of deploy/run.yaml. No IdempotentWrite on the cluster: since Kafka 2.8 an idempotent
     producer needs only Write on some topic (KIP-679)."""
     namespace = load_config(ROOT / "deploy" / "run.yaml").namespace
     r, calls = _run_one_shot(compose["services"]["kafka-teams"], tmp_path)
     assert r.returncode == 0, r.stderr
-    assert _acl_grants(calls) == {("allow", f"User:{team}", "topic", topic_name(namespace, "rollouts", team),
+    assert _acl_grants(calls) == {("allow", f"User:{team}", "topic", topic_name(namespace, role, team),
                                    "literal", operation)
-                                  for team in KAFKA_TEAMS for operation in ("write", "describe")}
+                                  for team in KAFKA_TEAMS for role in ("rollouts", "feedback")
+                                  for operation in ("write", "describe")}
     # the admin: the internal (PLAINTEXT, super user) listener, with the client properties mounted there
     service = compose["services"]["kafka-teams"]
     mounted = {c["target"]: compose["configs"][c["source"]]["content"] for c in service["configs"]}
@@ -350,8 +352,9 @@ def test_kafka_teams_follow_the_variable(compose, tmp_path):
     assert _scram_users(calls) == {"red.team_1-x": "SCRAM-SHA-512=[password=pa:ss]",
                                    "ops": "SCRAM-SHA-512=[password=s3cret*]"}
     namespace = load_config(ROOT / "deploy" / "run.yaml").namespace
-    assert {(g[1], g[3]) for g in _acl_grants(calls)} == {(f"User:{team}", topic_name(namespace, "rollouts", team))
-                                                          for team in ("red.team_1-x", "ops")}
+    assert {(g[1], g[3]) for g in _acl_grants(calls)} == {(f"User:{team}", topic_name(namespace, role, team))
+                                                          for team in ("red.team_1-x", "ops")
+                                                          for role in ("rollouts", "feedback")}
     for bad in ("bad/name:pw", "no-password", "empty:", ":anonymous", "comma:a,b", "bracket:a]b"):
         r, calls = _run_one_shot(service, tmp_path, {"STREAMRFT_KAFKA_TEAMS": f"ok:pw {bad}"})
         assert r.returncode != 0 and "kafka-teams:" in r.stderr, bad
@@ -539,7 +542,7 @@ def test_k8s_kafka_is_three_kraft_nodes_replicated_with_scram_and_acls(k8s):
     assert "userOperator" in kafka["spec"]["entityOperator"]
 
 
-def test_k8s_each_team_may_write_only_its_own_rollouts_topic(k8s):
+def test_k8s_each_team_may_write_only_its_own_rollouts_and_feedback_topics(k8s):
     cfg = load_config(_k8s_config(k8s))
     users = {name: d for (kind, name), d in k8s.items() if kind == "KafkaUser"}
     for name, user in users.items():
@@ -548,10 +551,10 @@ def test_k8s_each_team_may_write_only_its_own_rollouts_topic(k8s):
     for team in cfg.teams:
         if team == cfg.explorer.team:
             continue  # the run's own explorers: the roles' user
-        (acl,) = users[team]["spec"]["authorization"]["acls"]
-        assert acl["resource"] == {"type": "topic", "name": topic_name(cfg.namespace, "rollouts", team),
-                                   "patternType": "literal"}
-        assert sorted(acl["operations"]) == ["Describe", "Write"]
+        acls = users[team]["spec"]["authorization"]["acls"]
+        assert [a["resource"] for a in acls] == [{"type": "topic", "name": topic_name(cfg.namespace, role, team),
+                                                  "patternType": "literal"} for role in ("rollouts", "feedback")]
+        assert all(sorted(a["operations"]) == ["Describe", "Write"] for a in acls)
     roles = users[cfg.kafka.username]["spec"]["authorization"]["acls"]
     prefixes = {a["resource"]["type"]: a["resource"]["name"] for a in roles if a["resource"].get("patternType") == "prefix"}
     for topic in run_topics(cfg.kafka, cfg.namespace, cfg.teams):

@@ -15,6 +15,7 @@ from streamrft.schemas import (
     SCHEMA_VERSION,
     TOPICS,
     DeadLetter,
+    Feedback,
     DecodeError,
     ExperienceGroup,
     ExplorerLedger,
@@ -70,6 +71,8 @@ SAMPLES = {
     "group_dropped": GroupDropped(group_id="group-1", reason="filtered", role="stream_ops"),
     "task_outcome": TaskOutcome(group_id="group-1", task_id="task-1", team="red", rewards=[1.0, 0.25],
                                 model_version=7),
+    "feedback": Feedback(feedback_id="fb-1", target="trajectory", target_id="traj-1", reward=0.5, source="human",
+                         rater="ann", rated_at=1.0e9, comment="close, but the second line is wrong"),
 }
 
 
@@ -200,7 +203,8 @@ def test_topic_name():
     assert topic_name("run1", "rollouts") == "run1.rollouts.default"
     assert {topic_name("ns", role) for role in TOPICS} == {
         "ns.tasks", "ns.rollouts.default", "ns.experiences", "ns.weights", "ns.metrics", "ns.dlq", "ns.admission",
-        "ns.task-stats"}
+        "ns.task-stats", "ns.feedback.default"}
+    assert topic_name("run1", "feedback", "red") == "run1.feedback.red"
     with pytest.raises(ValueError, match="rollout"):
         topic_name("run1", "rollout")
 
@@ -345,6 +349,15 @@ def test_python_construction_keeps_the_bounds_but_converts_types():
     ("metric", {"values": {"loss": math.nan}}, "values.loss"), ("metric", {"values": {"loss": "0.25"}}, "values.loss"),
     ("metric", {"step": -1}, "step"), ("dead_letter", {"value": "text"}, "value"),
     ("dead_letter", {"source_offset": 2**63}, "source_offset"),
+    # feedback: exactly one rating; a reward or label names its item, a preference two others
+    ("feedback", {"label": "good"}, "label"), ("feedback", {"reward": None}, "reward"),
+    ("feedback", {"target_id": None}, "target_id"), ("feedback", {"reward": math.inf}, "reward"),
+    ("feedback", {"reward": "1"}, "reward"), ("feedback", {"source": "admin"}, "source"),
+    ("feedback", {"target": "group"}, "target"), ("feedback", {"rater": ""}, "rater"),
+    ("feedback", {"comment": "x" * 4097}, "comment"), ("feedback", {"team": "red"}, "team"),
+    ("feedback", {"reward": None, "preference": {"chosen": "a", "rejected": "b"}}, "target_id"),
+    ("feedback", {"reward": None, "target_id": None, "preference": {"chosen": "a", "rejected": "a"}}, "preference"),
+    ("feedback", {"reward": None, "target_id": None, "preference": {"chosen": "a"}}, "preference.rejected"),
 ])
 def test_other_messages_rules(name, changes, field):
     assert _rejected_at(_raw(SAMPLES[name], **changes), type(SAMPLES[name])) == field
@@ -443,3 +456,11 @@ def test_metric_of_finite_drops_and_counts_non_finite_values():
     assert m.values == {"reward": 0.5, "nonfinite_values": 2.0}
     assert decode(encode(m), Metric) == m
     assert Metric.of_finite("trainer", "t-1", 3, {"reward": 0.5}).values == {"reward": 0.5}
+
+
+def test_feedback_rates_one_item_or_prefers_one_of_two():
+    pref = Feedback(target="completion", preference={"chosen": "c-1", "rejected": "c-2"}, source="user", rater="u-7")
+    assert decode(encode(pref), Feedback) == pref and pref.rated() == ["c-1", "c-2"]
+    label = Feedback(target="episode", target_id="e-1", label="helpful", source="verifier", rater="ci")
+    assert decode(encode(label)).rated() == ["e-1"]
+    assert SAMPLES["feedback"].rated() == ["traj-1"]

@@ -277,6 +277,8 @@ def run_topics(cfg: KafkaConfig, namespace: str, teams: list[str] | tuple[str, .
     }
     for team in teams:
         specs[topic_name(namespace, "rollouts", team)] = (cfg.partitions, keep)
+        # ratings that arrive later (issue 31): kept as the rollouts are, keyed by the rated id
+        specs[topic_name(namespace, "feedback", team)] = (cfg.partitions, keep)
     return {name: NewTopic(name, num_partitions=p, replication_factor=cfg.replication_factor, config=c)
             for name, (p, c) in specs.items()}
 

@@ -9,6 +9,7 @@ exact prompt and sampled token ids, behaviour log-probs and versions, never re-t
 - `episodes.py`: an episode's calls assembled (concatenated or step-wise);
 - `groups.py`: open episodes and groups, admission, expiry, the acknowledged publish;
 - `teams.py`: the API keys that decide a team;
+- `feedback.py`: `POST /v1/feedback`, ratings that arrive later;
 - `server.py`: the FastAPI app;
 this module wires them to Kafka, S3 and the metrics topic. docs/gateway.md is the user's guide.
 """
@@ -127,6 +128,15 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
                  max_context=gcfg.max_context or ex.max_total_tokens, can_start=can_start,
                  media=None if vision is None else vision.media)
     gw_ref.append(gw)
+
+    def send_feedback(team: str, items: list) -> None:  # a worker thread's: acknowledged before the answer
+        topic = topic_name(cfg.namespace, "feedback", team)
+        with publishing:
+            for f in items:
+                producer.produce(topic, key=f.rated()[0].encode(), value=encode(f))
+            flush_or_raise(producer)
+
+    gw.send_feedback = send_feedback
     def publish_metrics() -> None:  # on the event loop (the counters' thread), every METRICS_EVERY_S
         opened = groups.open_counts()
         for team in keys.names:

@@ -13,6 +13,8 @@
 - An eval episode (`X-Episode-Eval: true` with its `X-Episode-Id`, no group) continues its previous
   call's ids as a training episode does, and is neither recorded nor published: an agent's greedy
   evaluation sees the same token layout as its training episodes, and needs no finish.
+- `POST /v1/feedback`: a rating that arrives later (`feedback.py`), published to the caller's team's
+  `<ns>.feedback.<team>`.
 - `POST /v1/episodes/{id}/finish` with `reward` or `rewards` (one per call), optional `task_id`,
   `answer`, `metadata`, `finish_reason` closes an episode (`groups.py`).
 - `GET /health`: the served version (no key needed).
@@ -34,6 +36,7 @@ from fastapi.responses import JSONResponse
 
 from streamrft.engine.rollout.base import Completion, SamplingParams
 from streamrft.producers.gateway.episodes import Call
+from streamrft.producers.gateway.feedback import parse_feedback
 from streamrft.producers.gateway.groups import GatewayError, GroupStore, Remembered
 from streamrft.producers.gateway.prompts import LastCall, PromptBuilder, PromptError, apply_stop, normalise, shows_images
 from streamrft.producers.gateway.teams import TeamKeys
@@ -96,6 +99,7 @@ class Gateway:
         self.unauthorized = 0
         self.arriving = 0  # requests received, not handed to the engine thread yet (read by it)
         self.eval_episodes = Remembered(limit=10_000)  # (team, episode id) -> LastCall: eval episodes' last calls
+        self.send_feedback: Any = None  # send_feedback(team, [Feedback]): publish, acknowledged (`POST /v1/feedback`)
         self.created = int(time.time())
 
     # ---- request parsing --------------------------------------------------------------------------
@@ -397,6 +401,16 @@ def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAP
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict:
         return await gw.generate(request, chat=False)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> dict:
+        team = gw.team(request)
+        items = parse_feedback(await json_object(request))
+        if gw.send_feedback is None:
+            raise GatewayError(503, "this gateway takes no feedback")
+        await asyncio.to_thread(gw.send_feedback, team, items)  # acknowledged by the broker
+        gw.store.counters[team]["feedback"] += len(items)
+        return {"accepted": len(items), "feedback_ids": [f.feedback_id for f in items]}
 
     @app.post("/v1/episodes/{episode_id}/finish")
     async def finish(episode_id: str, request: Request) -> dict:

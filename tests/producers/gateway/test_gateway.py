@@ -207,3 +207,40 @@ def test_a_text_model_refuses_an_image_url_naming_the_part(served):
                        {"type": "text", "text": "abc"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[1]", r.text
     assert "text model" in r.json()["error"]["message"]
+
+
+def _feedback(served, body, key: str = KEYS["agents"]) -> httpx.Response:
+    return httpx.post(f"{served.url}/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def test_feedback_reaches_the_callers_team_topic_strictly_decoded(served):
+    from streamrft.schemas import Feedback
+
+    def on_topic(team: str) -> list[Feedback]:
+        return [decode(m.value(), Feedback) for m in read_all(served.cfg.kafka, topic_name(served.cfg.namespace,
+                                                                                          "feedback", team))]
+
+    one = {"target": "trajectory", "target_id": "traj-1", "reward": 0.75, "source": "human", "rater": "ann",
+           "comment": "close"}
+    answer = _feedback(served, one).json()
+    assert answer["accepted"] == 1
+    batch = {"feedback": [
+        {"target": "completion", "preference": {"chosen": "c-1", "rejected": "c-2"}, "source": "user", "rater": "u-9"},
+        {"target": "episode", "target_id": "e-1", "label": "helpful", "source": "verifier", "rater": "ci"}]}
+    assert _feedback(served, batch).json()["accepted"] == 2
+    got = {f.rated()[0]: f for f in on_topic("agents")}  # keyed by the rated id: partitions differ
+    assert got["traj-1"].feedback_id == answer["feedback_ids"][0]
+    assert sorted((f.target, f.rated(), f.reward, f.label) for f in got.values()) == [
+        ("completion", ["c-1", "c-2"], None, None), ("episode", ["e-1"], None, "helpful"),
+        ("trajectory", ["traj-1"], 0.75, None)]
+    assert got["traj-1"].comment == "close" and got["c-1"].preference.rejected == "c-2"
+    assert on_topic("lab") == []  # the key decided the team
+    # refused, naming the field; nothing of a refused batch is published
+    assert _feedback(served, one, key="sk-wrong").status_code == 401
+    for body, param in (({**one, "team": "lab"}, "team"), ({**one, "label": "good"}, "label"),
+                        ({**one, "reward": "1"}, "reward"), ({**one, "source": "admin"}, "source"),
+                        ({"feedback": [one, {**one, "reward": None}]}, "feedback[1].reward"),
+                        ({"feedback": []}, "feedback"), ({**one, "kind": "task"}, "kind")):
+        r = _feedback(served, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    assert len(on_topic("agents")) == 3
