@@ -4,7 +4,8 @@
 patches of a small image), a two-layer projector, and the char-level Qwen2 of the CPU demo as the
 language model, all randomly initialised. It is saved with its processor (`LlavaProcessor`: a
 CLIP image processor that resizes and normalises, and the char tokenizer with one more special
-token, `<image>`, and a role-free chat template, `CHAT_TEMPLATE`), so `AutoProcessor` and `AutoModelForImageTextToText` load the directory as
+token, `<image>`, and a role-free chat template, `CHAT_TEMPLATE`), so `AutoProcessor` and
+`AutoModelForImageTextToText` load the directory as
 they load any hub VLM.
 
 A prompt is `<image>` then the text: the processor expands the one `<image>` into as many image

@@ -99,5 +99,5 @@ def env_factory(type: str | None, import_path: str | None = None, params: dict[s
     return functools.partial(cls, **(params or {}))
 
 
-__all__ = ["ALPHABETS", "ENVIRONMENTS", "EnvFactory", "Environment", "Observation", "PLAYERS", "Player", "StepResult", "TASKS",
-           "env_factory"]
+__all__ = ["ALPHABETS", "ENVIRONMENTS", "EnvFactory", "Environment", "Observation", "PLAYERS", "Player", "StepResult",
+           "TASKS", "env_factory"]

@@ -1,7 +1,8 @@
 """What an environment is: `reset(task) -> observation`, `step(action_text) -> (observation, reward, done, info)`.
 
-Plain Python, text in and text out (an observation may also show pictures: `Observation`): the workflows (`streamrft.producers.workflows`) own the tokens,
-so an environment never sees a token id and works the same with any model or chat template.
+Plain Python, text in and text out (an observation may also show pictures: `Observation`): the
+workflows (`streamrft.producers.workflows`) own the tokens, so an environment never sees a token
+id and works the same with any model or chat template.
 A workflow makes a fresh environment for every episode, so an instance may keep its episode's state.
 """
 from __future__ import annotations

@@ -75,7 +75,8 @@ def trajectories(episode_id: str, calls: list[Call], finish: Finish, tokenizer: 
             response += c.ids
             logprobs += [min(lp, 0.0) for lp in c.logprobs]
             mask += [1] * len(c.ids)
-        return [Trajectory(**common, model_version=min(versions), prompt_ids=calls[0].prompt_ids, images=calls[-1].images,
+        return [Trajectory(**common, model_version=min(versions), prompt_ids=calls[0].prompt_ids,
+                           images=calls[-1].images,
                            response_ids=response, logprobs=logprobs, loss_mask=mask, env_reward=finish.reward,
                            response_text=tokenizer.decode(response, skip_special_tokens=True),
                            finish_reason=last_reason,

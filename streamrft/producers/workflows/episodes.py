@@ -168,7 +168,8 @@ def run_episodes(engine: RolloutEngine, tasks: list[Task], params: SamplingParam
             environment = env()
             try:
                 observation = checked_reset(environment, task)
-                row.append(Episode.start(task, environment, shown(environment, lambda: encoder.first(task, observation))))
+                prompt = shown(environment, lambda: encoder.first(task, observation))
+                row.append(Episode.start(task, environment, prompt))
             except EnvFailure as f:
                 row.append(failed_episode(task, environment, f))
         episodes.append(row)
@@ -335,8 +336,9 @@ def model_turn(e: Episode, completion, budget: int, max_new_tokens: int, tokeniz
 
 
 def answer(e: Episode, turn: ModelTurn, result: tuple[str | Observation, float, bool, dict], encoder: TurnEncoder,
-           limits: TurnLimits) -> None:
-    """The environment's (checked) answer to `turn`: end the episode, or append the tokens before the next turn."""
+           limits: TurnLimits, between: Shown | None = None) -> None:
+    """The environment's (checked) answer to `turn`: end the episode, or append the tokens before the
+    next turn (`between`: those already encoded, `encoder.next` of the observation)."""
     observation, reward, done, info = result
     turn.reward = reward
     e.env_info = info
@@ -346,7 +348,8 @@ def answer(e: Episode, turn: ModelTurn, result: tuple[str | Observation, float, 
     elif len(e.turns) >= limits.max_turns:
         e.finish_reason = MAX_TURNS
     else:
-        between = shown(e.env, lambda: encoder.next(observation, stop_id=ids[-1]))  # 'stop': ids end with the stop token
+        if between is None:  # reason 'stop': ids end with the stop token
+            between = shown(e.env, lambda: encoder.next(observation, stop_id=ids[-1]))
         if e.length + len(between.ids) >= limits.max_total_tokens:
             e.finish_reason = MAX_TOTAL_TOKENS  # no room left for a model token after the observation
         elif len(e.images) + len(between.images) > MAX_IMAGES:

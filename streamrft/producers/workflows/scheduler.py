@@ -137,7 +137,9 @@ class EpisodeScheduler:
         try:
             try:
                 observation = check_observation(env, await self._env_call(env, "reset", task))
-                e = Episode.start(task, env, shown(env, lambda: self.encoder.first(task, observation)))
+                prompt = await self._shown(env, observation, lambda: self.encoder.first(task, observation),
+                                           pictured=bool(task.images))
+                e = Episode.start(task, env, prompt)
             except EnvFailure as f:
                 return failed_episode(task, env, f)
             try:
@@ -153,7 +155,10 @@ class EpisodeScheduler:
                     if turn is None:
                         break
                     result = check_result(env, await self._env_call(env, "step", turn.text), task)
-                    answer(e, turn, result, self.encoder, self.limits)
+                    between = None
+                    if not result[2] and len(e.turns) < self.limits.max_turns:
+                        between = await self._shown(env, result[0], lambda: self.encoder.next(result[0], turn.ids[-1]))
+                    answer(e, turn, result, self.encoder, self.limits, between)
             except EnvFailure as f:
                 e.fail(f)
             return e
@@ -164,6 +169,13 @@ class EpisodeScheduler:
                     await self._env_call(env, "close")
             except EnvFailure as f:  # as `episodes.close_env`: logged, never raised
                 log.warning("%s", f)
+
+    async def _shown(self, env: Environment, observation: Any, encode: Callable, pictured: bool = False):
+        """`episodes.shown(env, encode)`; in the environments' pool when the observation (or the task,
+        `pictured`) shows images, whose storing and reading go to S3, not on the event loop."""
+        if pictured or not isinstance(observation, str) and observation.images:
+            return await asyncio.get_running_loop().run_in_executor(self._env_pool, shown, env, encode)
+        return shown(env, encode)
 
     async def _env_call(self, env: Environment, method: str, *args) -> Any:
         fn = getattr(env, method)
