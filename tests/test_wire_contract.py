@@ -20,7 +20,8 @@ from collections import Counter
 import jsonschema
 import msgpack
 
-from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, GroupDropped, ImageRef,
+from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, Feedback,
+                               GroupDropped, ImageRef,
                                Metric, RolloutGroup, Task, TaskOutcome, Trajectory, WeightVersion, decode, encode,
                                json_schema)
 
@@ -31,6 +32,8 @@ DECODER_ONLY = {
     "group_mismatch": "a group's trajectories carry its group_id, task_id and team: no cross-property equality",
     "duplicate_traj_id": "traj_ids are distinct in a group: uniqueItems compares whole items, not one property",
     "int_as_float": "an integer is a msgpack int: JSON Schema's data model does not tell 3.0 from 3",
+    "feedback_rating": "a rating holds exactly one of reward, preference, label, names its item in target_id "
+                       "unless it is a preference, and prefers one item over another: rules across fields",
 }
 # (a group's team must also be its topic's team: that is stream ops' check, see stream_ops/test_validate.py)
 
@@ -138,6 +141,15 @@ def valid_record(rng: random.Random, kind: str) -> dict:
     elif kind == "task_outcome":
         msg = TaskOutcome(group_id=_id(rng), task_id=_id(rng), team=_team(rng),
                           rewards=[_float(rng) for _ in range(rng.randint(1, 4))], model_version=rng.choice([0, INT64_MAX]))
+    elif kind == "feedback":
+        chosen = _id(rng)
+        rejected = chosen[:-1] + ("x" if chosen[-1] != "x" else "y")  # another id of the same length
+        rating = rng.choice([{"reward": rng.choice([0.0, -1.5, 1.0, 3, rng.uniform(-10, 10)])}, {"label": _id(rng)},
+                             {"preference": {"chosen": chosen, "rejected": rejected}}])
+        target = {} if "preference" in rating else {"target_id": _id(rng)}
+        msg = Feedback(target=rng.choice(["trajectory", "episode", "completion"]), **target, **rating,
+                       source=rng.choice(["human", "user", "verifier", "model"]), rater=_id(rng),
+                       rated_at=rng.choice([0.0, 1.7e9]), comment=rng.choice(["", "close"]))
     else:
         msg = Metric(role="trainer", role_id=_id(rng), step=rng.choice([0, INT64_MAX]),
                      values={_id(rng)[:8]: _float(rng) for _ in range(rng.randrange(4))})
@@ -240,6 +252,8 @@ def _label(op: str, path: list, kind: str) -> str:
         return "group_mismatch"  # a still valid id or team, no longer the group's (or a default taking its place)
     if kind == "rollout_group" and field == "traj_id":
         return "duplicate_traj_id"
+    if kind == "feedback" and path[0] in ("reward", "label", "preference", "target_id"):
+        return "feedback_rating"  # e.g. a rating left with none, or two, or a target_id beside a preference
     return op
 
 
@@ -302,13 +316,30 @@ def mutate(rng: random.Random, record: dict, kind: str) -> str | None:
         if kind != "rollout_group" or len(record["trajectories"]) < 2:
             return None
         record["trajectories"][1]["traj_id"] = record["trajectories"][0]["traj_id"]
+    elif op == "feedback_rating":
+        if kind != "feedback":
+            return None
+        preference = record.get("preference")
+        how = rng.choice(["two", "none", "target", "same"])
+        if how == "two":  # a second rating beside the first
+            record["label" if record.get("reward") is not None else "reward"] = 1.0 if record.get("label") else "good"
+        elif how == "none":
+            for key in ("reward", "label", "preference"):
+                record.pop(key, None)
+        elif how == "target" or not isinstance(preference, dict):  # a target_id beside a preference, or none
+            if isinstance(preference, dict):
+                record["target_id"] = "t"
+            else:
+                record.pop("target_id", None)
+        else:
+            preference["rejected"] = preference.get("chosen")
     else:
         raise AssertionError(op)
     return op
 
 
 OPS = [*REPLACE, "drop_field", "drop_kind", "wrong_kind", "extra_field", "schema_version", "bad_sha", "deep_json",
-       "json_oddity", "group_mismatch", "duplicate_traj_id"]
+       "json_oddity", "group_mismatch", "duplicate_traj_id", "feedback_rating"]
 
 
 # ---- the two verdicts ------------------------------------------------------------------------------
@@ -352,7 +383,7 @@ def test_decoder_and_json_schema_agree():
         kind = KINDS[i % len(KINDS)]
         record = valid_record(rng, kind)
         ops: list[str] = []
-        if i % 5:  # four in five records are mutated, some twice
+        if i % 6:  # five in six records are mutated, some twice (6, not 5: ten kinds, each mutated)
             for _ in range(1 if rng.random() < 0.8 else 2):
                 before = copy.deepcopy(record)
                 op = mutate(rng, record, kind)

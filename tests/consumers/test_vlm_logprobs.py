@@ -74,7 +74,7 @@ def test_images_must_match_the_prompts_placeholders(engine):
     im, _ = draw_task("count", random.Random(0))
     ids = proc(text=[IMAGE_TOKEN + "how many shapes?"], images=[im], return_tensors="pt")["input_ids"][0].tolist()
     params = SamplingParams(max_new_tokens=2)
-    with pytest.raises(ValueError, match="prompt 0 holds 1 image"):
+    with pytest.raises(ValueError, match="prompt 0 holds 16 image placeholders .* its 2 image.s. expand to 32"):
         engine.generate([ids], params, images=[[im, im]])
     with pytest.raises(ValueError, match="1 image lists for 2 prompts"):
         engine.generate([ids, ids], params, images=[[im]])

@@ -34,9 +34,10 @@ def test_ensure_topics_is_idempotent(stack, namespace):
     specs = run_topics(stack.kafka, namespace, teams=("red",))
     assert sorted(ensure_topics(stack.kafka, specs)) == sorted(specs)
     assert ensure_topics(stack.kafka, specs) == []
-    # a new team adds its rollouts topic and nothing else
+    # a new team adds its rollouts and feedback topics and nothing else
     more = run_topics(stack.kafka, namespace, teams=("red", "blue"))
-    assert ensure_topics(stack.kafka, more) == [topic_name(namespace, "rollouts", "blue")]
+    assert sorted(ensure_topics(stack.kafka, more)) == sorted(topic_name(namespace, role, "blue")
+                                                              for role in ("rollouts", "feedback"))
 
     meta = make_admin(stack.kafka).list_topics(timeout=10).topics
     assert len(meta[topic_name(namespace, "experiences")].partitions) == stack.kafka.partitions
