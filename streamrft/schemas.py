@@ -552,12 +552,18 @@ def decode(data: bytes, expected: type[Message] | None = None) -> Message:
     try:
         return cls.model_validate(obj, strict=True, context=_WIRE)
     except ValidationError as e:
-        err = e.errors(include_url=False, include_input=False)[0]
-        path = [str(p) for p in err["loc"]]
-        at = (err.get("ctx") or {}).get("at")
-        if at:
-            path.append(at)
-        raise DecodeError(".".join(path) or "<root>", err["msg"]) from None
+        raise DecodeError(*first_error(e)) from None
+
+
+def first_error(e: ValidationError) -> tuple[str, str]:
+    """(the dotted path of a validation error's first bad field, what is wrong with it); a rule
+    across fields names the field it blames (`_error_at`)."""
+    err = e.errors(include_url=False, include_input=False)[0]
+    path = [str(p) for p in err["loc"]]
+    at = (err.get("ctx") or {}).get("at")
+    if at:
+        path.append(at)
+    return ".".join(path) or "<root>", err["msg"]
 
 
 def json_schema(name: str) -> dict:

@@ -67,6 +67,13 @@ class Roles:
                 p.wait()
                 raise AssertionError(f"{name} did not stop within {timeout}s of SIGTERM") from None
 
+    def kill_all(self) -> None:
+        """SIGKILL every role process still running (a test's `finally`)."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
     def tail(self, name: str, n: int = 3000) -> str:
         path = self.logs / f"{name}.log"
         return f"--- {name} ---\n" + (path.read_text(errors="replace")[-n:] if path.exists() else "(no log)")

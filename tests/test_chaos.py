@@ -87,10 +87,7 @@ def test_kill_every_role_and_both_servers_loses_nothing_and_trains_nothing_twice
 
         roles.wind_down(kafka, ns, cfg.explorer.team)
     finally:
-        for p in roles.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        roles.kill_all()
     print(f"role starts {dict(roles.starts)}; exits besides the kills {roles.exits}")
     assert len(kills) >= 8
     assert not any(pid_alive(pid) for pid in roles.pids), "a role process is still running"

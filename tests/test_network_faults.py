@@ -93,10 +93,7 @@ def test_the_loop_rides_out_network_faults_losing_nothing_training_nothing_twice
         print("faults:", "; ".join(done))
         roles.wind_down(cfg.kafka, ns, cfg.explorer.team)
     finally:
-        for p in roles.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        roles.kill_all()
         for p in proxies.values():
             p.close()
     print(f"role starts {dict(roles.starts)}; exits {roles.exits}")

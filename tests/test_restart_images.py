@@ -67,10 +67,7 @@ def test_roles_killed_with_pictures_in_flight_lose_nothing_and_train_nothing_twi
             roles.start(victim)
         roles.wind_down(stack.kafka, ns, cfg.explorer.team)
     finally:
-        for p in roles.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        roles.kill_all()
     print("kills:", ", ".join(kills), "; exits besides the kills", roles.exits)
     assert len(kills) == len(VICTIMS)
     assert not any(pid_alive(pid) for pid in roles.pids), "a role process is still running"

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from streamrft.producers.gateway.groups import GatewayError
-from streamrft.schemas import Feedback
+from streamrft.schemas import Feedback, first_error
 
 MAX_PER_REQUEST = 1000
 
@@ -35,7 +35,6 @@ def parse_feedback(body: dict) -> list[Feedback]:
         try:
             out.append(Feedback.model_validate(item, strict=True))
         except ValidationError as e:
-            err = e.errors(include_url=False, include_input=False)[0]
-            path = [str(p) for p in err["loc"]] + ([err["ctx"]["at"]] if (err.get("ctx") or {}).get("at") else [])
-            raise GatewayError(400, err["msg"], param=at + ".".join(path)) from None
+            field, problem = first_error(e)
+            raise GatewayError(400, problem, param=at + field) from None
     return out

@@ -204,12 +204,11 @@ class Gateway:
             ep = await self.store.episode(team, episode_id, group_id, size, self.worker.version)
             last = ep.last
         try:
-            if chat and shows_images(body.get("messages")):  # reads and writes the media store: off the loop
-                messages, prompt_ids, images = await asyncio.to_thread(self._chat_prompt, body.get("messages"), last)
-                prompt_text = None
-            elif chat:
-                messages, prompt_ids, images = self._chat_prompt(body.get("messages"), last)
-                prompt_text = None
+            if chat:
+                raw, prompt_text = body.get("messages"), None
+                messages, prompt_ids, images = (  # images read and write the media store: off the loop
+                    await asyncio.to_thread(self._chat_prompt, raw, last) if shows_images(raw)
+                    else self._chat_prompt(raw, last))
             else:
                 messages = None
                 prompt_ids, prompt_text, images = self.prompts.completion_prompt(body.get("prompt"), last)

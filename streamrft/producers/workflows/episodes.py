@@ -109,10 +109,6 @@ class Episode:
         self.images += shown.images
         self.pictures += shown.pictures
 
-    def engine_images(self) -> dict:
-        """`engine.generate`'s keyword for this episode alone: its pictures, if any."""
-        return {"images": [self.pictures]} if self.pictures else {}
-
     @property
     def failed(self) -> bool:
         """Ended by its environment's error or timeout: never trained."""
