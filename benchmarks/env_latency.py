@@ -20,7 +20,9 @@ percentile `--p99` s), a realistic slow tool. Variants:
   the order they were admitted, so fast tasks do not fill the trainer's batches first);
 - `bounded`: `per_episode` with the importance weight bounded on both sides: `ppo` with dual clip
   `clip_c: 3` (verl's value) and `iw_band: 2` (tokens whose ratio leaves [0.5, 2] dropped, as
-  AReaL's behaviour-weight cap and slime's ICE-POP).
+  AReaL's behaviour-weight cap and slime's ICE-POP);
+- `trust`: `per_episode` with a trust region on each step (`trainer.max_update_kl`, `--max-update-kl`:
+  a step whose KL from the batch-start policy exceeds it is scaled back).
 
 `per_episode@256` (or `synchronous@256`) is that variant with 256 episodes in flight instead of
 `--in-flight`.
@@ -78,6 +80,7 @@ def variant(name: str, a, seed: int = 0) -> list[str]:
                     "synchronous": [*per_episode, "trainer.max_staleness=0"],
                     "admitted": [*per_episode, "explorer.publish_order=admitted"],
                     "bounded": [*per_episode, "algorithm.policy_loss={type: ppo, params: {clip_c: 3.0, iw_band: 2.0}}"],
+                    "trust": [*per_episode, f"trainer.max_update_kl={a.max_update_kl}"],
                     }[base]
 
 
@@ -134,7 +137,13 @@ def _from_tensorboard(out_dir: str, t_roles: float) -> dict:
         m = re.fullmatch(r"explorer/\d+/(\w+_s)", tag)
         if m:
             stages[m.group(1)] = stages.get(m.group(1), 0.0) + acc.Scalars(tag)[-1].value
-    return {"made": made, "evals": evals, "stages": stages, **lengths}
+    # the steps' KL from their batch-start policy (with trainer.max_update_kl): as taken, and the
+    # share of steps scaled back
+    kls = [e.value for e in acc.Scalars("trainer/update_kl")] if "trainer/update_kl" in tags else []
+    scales = [e.value for e in acc.Scalars("trainer/update_scale")] if "trainer/update_scale" in tags else []
+    steps = {"kl_median": statistics.median(kls) if kls else float("nan"), "kl_max": max(kls, default=float("nan")),
+             "scaled": sum(x < 1 for x in scales) / len(scales) if scales else float("nan")}
+    return {"made": made, "evals": evals, "stages": stages, **lengths, **steps}
 
 
 def summarise(r: dict, target: float) -> dict:
@@ -153,7 +162,9 @@ def summarise(r: dict, target: float) -> dict:
             "traj_per_s": int(r["final"].get("trajectories", 0)) / max(float(r["final"].get("wall_s", 1)), 1e-9),
             "versions": int(r["final"].get("versions", 0)),
             "generate": generate / wall, "env": st.get("env_s", 0.0) / wall, "idle": 1 - generate / wall,
-            **{k: r[k] for k in ("long_trained", "long_published", "stale_long", "stale_short")}}
+            "trace": " ".join(f"v{v}:{score:.2f}" for v, score in evals),
+            **{k: r[k] for k in ("long_trained", "long_published", "stale_long", "stale_short", "kl_median",
+                                 "kl_max", "scaled")}}
 
 
 def run_label(name: str, r: int, repeats: int) -> str:
@@ -183,6 +194,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--first-repeat", type=int, default=0,
                     help="number the repeats from here (their seeds): a later session adds repeats of its own")
+    ap.add_argument("--max-update-kl", type=float, default=0.03, help="the `trust` variant's trainer.max_update_kl")
     ap.add_argument("--workdir")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every variant (after the variant's own), e.g. trainer.max_staleness=1")
@@ -211,7 +223,13 @@ def main() -> int:
                   f"{s['final_eval']:6.3f} {s['traj_per_s']:7.2f} {s['versions']:8d} {100 * s['generate']:8.0f}% "
                   f"{100 * s['env']:5.0f}% {100 * s['idle']:5.0f}% {'-' if s['fall'] is None else format(s['fall'], '.3f'):>6} "
                   f"{100 * s['long_trained']:5.1f}% of {100 * s['long_published']:4.1f}% "
-                  f"{s['stale_short']:5.2f}/{s['stale_long']:4.2f}")
+                  f"{s['stale_short']:5.2f}/{s['stale_long']:4.2f}"
+                  + (f" step kl median {s['kl_median']:.4f} max {s['kl_max']:.3f} scaled back {100 * s['scaled']:.0f}%"
+                     if s["kl_median"] == s["kl_median"] else ""))
+    print("\nheld-out eval by version:")
+    for name, rs in runs.items():
+        for r, s in enumerate(rs, start=a.first_repeat):
+            print(f"{run_label(name, r, a.repeats):16} {s['trace']}")
     medians = {name: median_to_target(rs) for name, rs in runs.items()}
     if a.repeats > 1:
         print(f"\nmedians over {a.repeats} repeats (a run that never reached eval {a.target} counts as later than "
@@ -235,7 +253,7 @@ def main() -> int:
             print(f"{name} / per_episode, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
                   + (f"{other / ref:.2f}x" if other else f"> {budget / ref:.2f}x (never reached it)"))
     sync = medians.get("synchronous")
-    for name in (n for n in medians if "synchronous" in medians and n.split("@")[0] in ("admitted", "bounded")
+    for name in (n for n in medians if "synchronous" in medians and n.split("@")[0] in ("admitted", "bounded", "trust")
                  and medians[n]):
         print(f"synchronous / {name}, {'median ' if a.repeats > 1 else ''}time to eval {a.target}: "
               + (f"{sync / medians[name]:.2f}x" if sync else f"> {budget / medians[name]:.2f}x (synchronous never reached it)"))

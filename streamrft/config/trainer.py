@@ -190,6 +190,13 @@ class TrainerConfig(Section):
     weight by about `lr` whatever the gradient's size (its variance estimate holds one or two
     gradients), so a warm-up keeps the first versions close to the base policy. Counted from the
     optimiser's own step count, so a resumed run goes on where it stopped."""
+    max_update_kl: float | None = Field(None, gt=0, **_FINITE)
+    """A trust region on each step (TRPO's line search, for one step): after the step's updates, the
+    KL from the batch-start policy to the new one, estimated on the batch's sampled tokens (k3), is
+    at most this. A step that moved further is scaled back along its direction, `w0 + a (w1 - w0)`
+    with `a` from the KL's quadratic growth, measured again, at most 4 times; then it is undone.
+    Adam's moments keep the step's gradient. Costs one forward of the batch before the step and one
+    after (and one per scale-back) and a copy of the trained weights. Torch engine only. None: off."""
     freeze_vision_tower: bool = False
     """A vision-language model's vision encoder is not trained (its projector is): no gradients, no
     optimiser state and no saved activations for it, 14 B a parameter less under mixed-precision

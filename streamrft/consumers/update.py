@@ -137,6 +137,10 @@ class UpdateLoop:
         # their log-probs computed once (with one update per batch they equal the current ones)
         prox = self._logprobs(batch, temperature, autocast, device) if updates > 1 and \
             self.objective.loss_name == "decoupled_ppo" else None
+        bound = self.tc.max_update_kl
+        if bound is not None:  # the batch-start policy: its log-probs and weights, for the step's trust region
+            start = prox if prox is not None else self._logprobs(batch, temperature, autocast, device)
+            before = [p.detach().clone() for p in self.engine.params]
         pad = padding_row(batch) if self.world > 1 else None
         order = torch.Generator().manual_seed(self.tc.seed * 1_000_003 + self.state.step)  # the same on every rank
         self.update_metrics = []
@@ -162,6 +166,8 @@ class UpdateLoop:
             values = [m[key] for m in self.update_metrics if key in m]
             metrics[key] = sum(values) / len(values)
         metrics["updates"] = float(len(self.update_metrics))
+        if bound is not None:
+            metrics.update(self._trust_region(batch, start, before, bound, temperature, autocast, device))
         if self._sft_step is not None:
             rows = len(batch) + len(self._sft_step[0].input_ids)
             metrics.update(chord_mu=self._sft_step[1], share_sft=len(self._sft_step[0].input_ids) / rows,
@@ -173,6 +179,32 @@ class UpdateLoop:
                        **staleness_shares(staleness), **self._offpolicy.result(),
                        **length_mix([model_turns(t.mask()) for t, _, _ in samples], staleness))
         return metrics
+
+    def _trust_region(self, batch: Batch, start: torch.Tensor, before: list[torch.Tensor], bound: float,
+                      temperature: float, autocast, device) -> dict[str, float]:
+        """Scale this step back until the KL from the batch-start policy is within `bound`
+        (`engine/algorithms/trust_region.py`); undone after `MAX_SCALE_BACKS` tries. Metrics: the
+        step's KL as taken (`update_kl`) and as kept (`update_kl_kept`), and the scale kept."""
+        from streamrft.engine.algorithms.trust_region import MAX_SCALE_BACKS, next_scale, set_scale, step_kl
+
+        def kl() -> float:
+            return step_kl(start, self._logprobs(batch, temperature, autocast, device), batch.mask)
+
+        taken = kept = kl()
+        scale = 1.0
+        if taken > bound:
+            params = self.engine.params
+            after = [p.detach().clone() for p in params]
+            for _ in range(MAX_SCALE_BACKS):
+                scale = next_scale(scale, kept, bound)
+                set_scale(params, before, after, scale)
+                kept = kl()
+                if kept <= bound:
+                    break
+            else:
+                scale, kept = 0.0, 0.0
+                set_scale(params, before, after, 0.0)
+        return {"update_kl": taken, "update_kl_kept": kept, "update_scale": scale}
 
     def _logprobs(self, batch: Batch, temperature: float, autocast, device) -> torch.Tensor:
         """The current policy's log-probs of every row of `batch`, without gradients, by micro-batch.

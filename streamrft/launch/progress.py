@@ -27,7 +27,8 @@ def off_policy_part(t: dict[str, float]) -> str:
     its staleness mix, the importance weight (mean, max, effective sample size), the clipped shares
     of positive- and negative-advantage tokens and of first turns, the groups dropped stale (run
     total; a group is dropped whole), and for multi-turn batches their episodes by length (model
-    turns 1/2/3+) with each length's mean staleness."""
+    turns 1/2/3+) with each length's mean staleness; with `trainer.max_update_kl`, the step's KL as
+    taken and the scale kept."""
     pct = lambda k: f"{100 * t[k]:.0f}%" if k in t else "-"  # noqa: E731
     return (f"off-policy stale 0/1/2+ {pct('staleness_0')}/{pct('staleness_1')}/{pct('staleness_2p')} "
             f"iw {t['iw_mean']:.2f} max {t.get('iw_max', float('nan')):.1f} ess {t.get('iw_ess', float('nan')):.2f} "
@@ -35,7 +36,8 @@ def off_policy_part(t: dict[str, float]) -> str:
             f"neg>c {pct('neg_iw_over_c')} groups dropped stale {int(t.get('count_stale_groups', 0))}"
             + (f" turns 1/2/3+ {'/'.join(pct(k) for k in LENGTH_BUCKETS)} stale "
                + "/".join(f"{t[f'staleness_{k}']:.1f}" if f"staleness_{k}" in t else "-" for k in LENGTH_BUCKETS)
-               if t.get("turns_1", 1.0) < 1.0 else ""))
+               if t.get("turns_1", 1.0) < 1.0 else "")
+            + (f" step kl {t['update_kl']:.3f} x{t.get('update_scale', 1.0):.2f}" if "update_kl" in t else ""))
 
 
 @dataclass

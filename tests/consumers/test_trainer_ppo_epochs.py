@@ -86,3 +86,63 @@ def test_one_update_per_batch_is_unchanged(stack, namespace, trainer_config, kit
     trainer = Trainer(cfg)
     assert kit.run(cfg, trainer=trainer)["trained"] == 4  # run() closes its consumer
     assert len(trainer.update_metrics) == 1
+
+
+def _stale_samples(kit):
+    return [(t.model_copy(update={"response_ids": [5 + i % 3, 4 + i // 3, 2]}), adv, max(adv, 0.0))
+            for i, (t, adv) in enumerate(zip(kit.group("A", 0, n=8).trajectories,
+                                            [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.8, -0.8]))]
+
+
+@pytest.mark.parametrize("undo", [False, True])
+def test_a_step_past_max_update_kl_is_scaled_back_along_its_direction(stack, namespace, trainer_config, kit,
+                                                                       monkeypatch, undo):
+    """lr 0.05 takes a step far past a KL of 1e-4: the weights kept are w0 + a (w1 - w0) with the
+    optimiser's own w1, and the KL they give (measured again here) is within the bound; with no
+    scale-back allowed, the step is undone."""
+    from streamrft.consumers.batch import collate
+    from streamrft.consumers.trainer import Trainer
+    from streamrft.engine.algorithms import trust_region
+
+    bound = 1e-4
+    cfg = trainer_config(stack, "trainer.lr=0.05", f"trainer.max_update_kl={bound}", "trainer.batch_groups=2")
+    trainer = Trainer(cfg)
+    samples = _stale_samples(kit)
+    batch = collate(samples, trainer.tokenizer.pad_token_id)
+    cpu, plain = torch.device("cpu"), torch.autocast("cpu", enabled=False)
+    start = trainer._logprobs(batch, 1.0, plain, cpu)
+    before = [p.detach().clone() for p in trainer.engine.params]
+    stepped = []
+    real_set_scale = trust_region.set_scale
+
+    def recording(params, b, a, scale):
+        stepped.append(a)
+        real_set_scale(params, b, a, scale)
+
+    monkeypatch.setattr(trust_region, "set_scale", recording)
+    if undo:
+        monkeypatch.setattr(trust_region, "MAX_SCALE_BACKS", 0)
+    metrics = trainer.train_step(samples)
+    trainer.consumer.close()
+
+    assert metrics["update_kl"] > 100 * bound
+    kept = trust_region.step_kl(start, trainer._logprobs(batch, 1.0, plain, cpu), batch.mask)
+    assert kept == pytest.approx(metrics["update_kl_kept"], rel=1e-4, abs=1e-9)
+    after = stepped[0]  # the optimiser's step, as taken
+    assert any(not torch.equal(a, b) for a, b in zip(after, before))
+    for p, b, a in zip(trainer.engine.params, before, after):
+        assert torch.allclose(p, b + metrics["update_scale"] * (a - b), atol=1e-6)
+    if undo:
+        assert metrics["update_scale"] == 0.0 and kept == 0.0
+    else:
+        assert 0 < metrics["update_scale"] < 1 and 0 < kept <= bound
+
+
+def test_a_step_within_max_update_kl_is_kept_whole(stack, namespace, trainer_config, kit):
+    from streamrft.consumers.trainer import Trainer
+
+    cfg = trainer_config(stack, "trainer.lr=0.0001", "trainer.max_update_kl=10", "trainer.batch_groups=2")
+    trainer = Trainer(cfg)
+    metrics = trainer.train_step(_stale_samples(kit))
+    trainer.consumer.close()
+    assert metrics["update_scale"] == 1.0 and 0 < metrics["update_kl"] == metrics["update_kl_kept"] <= 10

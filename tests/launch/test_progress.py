@@ -37,3 +37,6 @@ def test_the_profile_shows_how_off_policy_the_last_batch_was():
     # a multi-turn batch adds its episodes by length and each length's mean staleness
     v.trainer.update(turns_1=0.5, turns_2=0.0, turns_3p=0.5, staleness_turns_1=0.3, staleness_turns_3p=1.5)
     assert v.profile().endswith("groups dropped stale 3 turns 1/2/3+ 50%/0%/50% stale 0.3/-/1.5")
+    # a step under the trust region (trainer.max_update_kl): its KL as taken, and the scale kept
+    v.trainer.update(update_kl=0.0412, update_scale=0.61)
+    assert v.profile().endswith("stale 0.3/-/1.5 step kl 0.041 x0.61")
