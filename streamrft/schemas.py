@@ -352,7 +352,7 @@ class GroupDropped(Message):
     kind: Literal["group_dropped"] = "group_dropped"
     group_id: Id = Field(description="the group's id (its record key); for a record unreadable as a group, "
                                      "<topic>:<partition>:<offset>")
-    reason: Literal["filtered", "dead_letter", "stale"]
+    reason: Literal["filtered", "dead_letter", "stale", "feedback_timeout"]
     role: Name = ""
 
     @classmethod
@@ -483,10 +483,26 @@ class Feedback(Message):
         return [self.target_id] if self.preference is None else [self.preference.chosen, self.preference.rejected]
 
 
+class ParkedGroup(Message):
+    """A rollout group waiting for its ratings (a `feedback` reward term; docs/feedback.md).
+
+    Stream ops publish it on `<ns>.parked` (compacted, keyed by `group_id`) once the group is valid,
+    and ack its rollouts record; the feedback join scores it when its ratings are in or its wait is
+    over, then writes a tombstone (an empty value) under the same key. `source_*` is the rollouts
+    record it came from, as an experience's."""
+
+    kind: Literal["parked_group"] = "parked_group"
+    group: RolloutGroup
+    parked_at: float = Field(ge=0, description="epoch seconds when stream ops parked it")
+    source_topic: TopicName
+    source_partition: Partition = -1
+    source_offset: Offset = -1
+
+
 MESSAGES: dict[str, type[Message]] = {
     m.model_fields["kind"].default: m
     for m in (Task, Trajectory, RolloutGroup, ExperienceGroup, WeightVersion, Metric, DeadLetter, ExplorerLedger,
-              GroupDropped, TaskOutcome, Feedback)
+              GroupDropped, TaskOutcome, Feedback, ParkedGroup)
 }
 
 # topic role -> message type(s); the full name is f"{namespace}.{role}" (rollouts, feedback: ".<team>")
@@ -500,6 +516,7 @@ TOPICS: dict[str, type[Message] | tuple[type[Message], ...]] = {
     "admission": (ExplorerLedger, GroupDropped),
     "task-stats": TaskOutcome,
     "feedback": Feedback,
+    "parked": ParkedGroup,
 }
 PER_TEAM = ("rollouts", "feedback")  # topic roles with one topic a team: `<ns>.<role>.<team>`
 

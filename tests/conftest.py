@@ -7,7 +7,9 @@ shared one. Nothing here imports torch at module level: collection stays fast on
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -114,3 +116,33 @@ def _skip_gpu_tests_without_one(items) -> None:
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def chrome(tmp_path):
+    """Headless Chromium driven by Debian's chromedriver (the dashboard's and the labelling page's tests)."""
+    if not Path(CHROMEDRIVER).exists() or shutil.which("chromium") is None:
+        missing = "Debian's chromium and chromium-driver are not installed (bash scripts/install.sh installs them)"
+        if os.environ.get("STREAMRFT_REQUIRE_BROWSER"):  # CI: a browser test that skips proves nothing
+            pytest.fail(missing)
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1500,2400", f"--user-data-dir={tmp_path / 'chrome-profile'}"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, shown on a failure
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    except BaseException:
+        for entry in driver.get_log("browser"):
+            print("browser console:", entry.get("level"), entry.get("message"))
+        raise
+    finally:
+        driver.quit()  # ends chromedriver and every chromium process it started

@@ -208,6 +208,10 @@ OUT_OF_RANGE = [
     ("restarts.max_backoff_s=-1", "restarts.max_backoff_s: must be >= 0 (got -1)"),
     ("kafka.gap_wait_s=-1", "kafka.gap_wait_s: must be >= 0 and <= 600 (got -1)"),
     ("trainer.warmup_steps=-1", "trainer.warmup_steps: must be >= 0 (got -1)"),
+    ("trainer.max_update_kl=0", "trainer.max_update_kl: must be > 0 (got 0)"),
+    ("gateway.label_overlap=0", "gateway.label_overlap: must be >= 1 and <= 10 (got 0)"),
+    ("gateway.label_overlap=11", "gateway.label_overlap: must be >= 1 and <= 10 (got 11)"),
+    ("gateway.label_lease_s=0", "gateway.label_lease_s: must be > 0 and <= 86400 (got 0)"),
     ("eval.temperature=2.5", "eval.temperature: must be >= 0 and <= 2 (got 2.5)"),
     ("eval.samples=0", "eval.samples: must be >= 1 and <= 64 (got 0)"),
     ("eval.seed=-1", "eval.seed: must be >= 0 (got -1)"),
@@ -434,6 +438,8 @@ def test_values_at_the_edge_of_their_range_load(inline_yaml, override):
     (["model.lora={}", "algorithm.type=dpo"], "model.lora trains online RL only; algorithm.type='dpo' is trained offline"),
     (["trainer.autocast=bfloat16", "trainer.engine=deepspeed"],
      "trainer.autocast needs trainer.engine='torch' (got 'deepspeed')"),
+    (["trainer.max_update_kl=0.01", "trainer.engine=deepspeed"],
+     "trainer.max_update_kl needs trainer.engine='torch' (got 'deepspeed')"),
     (["trainer.ppo_epochs=2", "trainer.engine=deepspeed"],
      "trainer.ppo_epochs=2 / trainer.mini_batches=1 need trainer.engine='torch' (got 'deepspeed')"),
     (["trainer.mini_batches=33", "trainer.batch_groups=4", "explorer.group_size=8"],
@@ -494,10 +500,10 @@ def test_reward_names_match_the_registry():
     """REWARD_NAMES is a plain tuple (a config loads without importing the reward modules); it must
     list exactly the registry's rewards plus the environment's own reward term."""
     from streamrft.stream_ops.rewards import REWARDS
-    from streamrft.stream_ops.scoring import ENV_TERM
+    from streamrft.stream_ops.scoring import ENV_TERM, FEEDBACK_TERM
 
     assert len(set(REWARD_NAMES)) == len(REWARD_NAMES), "REWARD_NAMES repeats a name"
-    assert sorted(REWARD_NAMES) == sorted([*REWARDS, ENV_TERM])
+    assert sorted(REWARD_NAMES) == sorted([*REWARDS, ENV_TERM, FEEDBACK_TERM])
 
 
 def test_loading_a_config_imports_no_torch_or_rewards(tmp_path):
@@ -559,3 +565,32 @@ def test_model_build_alphabet_builds_the_char_tokenizer_over_it(tmp_path):
 def test_model_source_takes_a_packaged_model_a_gguf_file_or_a_directory(inline_yaml, source):
     # validated by form only: the file may live on the machine that runs `streamrft prepare`
     assert load_config(inline_yaml, [f"model.source={source}"]).model.source == source
+
+
+@pytest.mark.parametrize("params, error", [
+    ("{min_rated: 0}", "stream_ops.rewards.0.params.min_rated: must be >= 1 (got 0)"),
+    ("{min_rated: 1001}", "stream_ops.rewards.0.params.min_rated: must be <= 1000 (got 1001)"),
+    ("{wait_s: 0}", "stream_ops.rewards.0.params.wait_s: must be > 0.0 (got 0)"),
+    ("{wait_s: 700000}", "stream_ops.rewards.0.params.wait_s: must be <= 604800.0 (got 700000)"),
+    ("{aggregate: vote}", "stream_ops.rewards.0.params.aggregate: Input should be 'mean', 'majority' or 'bradley_terry'"),
+    ("{on_timeout: wait}", "stream_ops.rewards.0.params.on_timeout: Input should be 'drop', 'dead_letter' or 'fallback'"),
+    ("{aggregate: majority}", "aggregate='majority' needs labels"),
+    ("{on_timeout: fallback}", "fallback_term is set exactly when on_timeout is 'fallback'"),
+    ("{on_timeout: fallback, fallback_term: judge}", "the feedback term's fallback_term='judge' is not one of the "
+                                                    "other terms ['exact_match']"),
+    ("{labels: {good: x}}", "stream_ops.rewards.0.params.labels.good"),
+])
+def test_feedback_term_params_name_the_field_and_the_allowed_values(inline_yaml, params, error):
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        load_config(inline_yaml, [f"stream_ops.rewards=[{{name: feedback, params: {params}}}, {{name: exact_match}}]"])
+
+
+def test_at_most_one_feedback_term(inline_yaml):
+    with pytest.raises(ConfigError, match="stream_ops.rewards has 2 feedback terms; at most one"):
+        load_config(inline_yaml, ["stream_ops.rewards=[{name: feedback}, {name: feedback}]"])
+    feedback_only = "stream_ops.rewards=[{name: feedback, params: {min_rated: 3}}]"
+    with pytest.raises(ConfigError, match="eval.rewards: stream_ops.rewards holds a feedback term, which nobody gives "
+                                          "eval episodes"):
+        load_config(inline_yaml, [feedback_only])
+    cfg = load_config(inline_yaml, [feedback_only, "eval.rewards=[{name: reverse}]"])
+    assert cfg.stream_ops.feedback().feedback().min_rated == 3 and cfg.eval.rewards[0].name == "reverse"

@@ -167,7 +167,8 @@ def test_streamrft_topics_creates_the_run_topics_idempotently(stack, namespace, 
         "kafka": {"bootstrap": stack.kafka.bootstrap, "partitions": 3}, "explorer": {"team": "blue"}}))
     expected = {f"{namespace}.{t}": p for t, p in [("tasks", 3), ("experiences", 3), ("weights", 1),
                                                      ("metrics", 1), ("dlq", 1), ("admission", 1),
-                                                     ("task-stats", 1), ("rollouts.blue", 3), ("feedback.blue", 3)]}
+                                                     ("task-stats", 1), ("parked", 3), ("rollouts.blue", 3),
+                                                     ("feedback.blue", 3)]}
     code = ("import sys; from streamrft.cli import main; rc = main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'streamrft topics imported torch'; sys.exit(rc)")
     outputs = []

@@ -15,12 +15,13 @@ from streamrft.schemas import (
     SCHEMA_VERSION,
     TOPICS,
     DeadLetter,
-    Feedback,
     DecodeError,
     ExperienceGroup,
     ExplorerLedger,
+    Feedback,
     GroupDropped,
     Metric,
+    ParkedGroup,
     RolloutGroup,
     Task,
     TaskOutcome,
@@ -73,6 +74,8 @@ SAMPLES = {
                                 model_version=7),
     "feedback": Feedback(feedback_id="fb-1", target="trajectory", target_id="traj-1", reward=0.5, source="human",
                          rater="ann", rated_at=1.0e9, comment="close, but the second line is wrong"),
+    "parked_group": ParkedGroup(group=_group(), parked_at=1.0e9, source_topic="ns.rollouts.red", source_partition=1,
+                                source_offset=42),
 }
 
 
@@ -203,7 +206,7 @@ def test_topic_name():
     assert topic_name("run1", "rollouts") == "run1.rollouts.default"
     assert {topic_name("ns", role) for role in TOPICS} == {
         "ns.tasks", "ns.rollouts.default", "ns.experiences", "ns.weights", "ns.metrics", "ns.dlq", "ns.admission",
-        "ns.task-stats", "ns.feedback.default"}
+        "ns.task-stats", "ns.feedback.default", "ns.parked"}
     assert topic_name("run1", "feedback", "red") == "run1.feedback.red"
     with pytest.raises(ValueError, match="rollout"):
         topic_name("run1", "rollout")

@@ -21,7 +21,7 @@ import jsonschema
 import msgpack
 
 from streamrft.schemas import (MAX_JSON_DEPTH, MESSAGES, DecodeError, ExperienceGroup, ExplorerLedger, Feedback,
-                               GroupDropped, ImageRef,
+                               GroupDropped, ImageRef, ParkedGroup,
                                Metric, RolloutGroup, Task, TaskOutcome, Trajectory, WeightVersion, decode, encode,
                                json_schema)
 
@@ -136,7 +136,7 @@ def valid_record(rng: random.Random, kind: str) -> dict:
         msg = ExplorerLedger(explorer_id=_id(rng), produced=rng.choice([0, 7, INT64_MAX]),
                              in_flight=rng.choice([0, 4, INT64_MAX]), in_flight_version=rng.choice([0, 7, INT64_MAX]))
     elif kind == "group_dropped":
-        msg = GroupDropped(group_id=_id(rng), reason=rng.choice(["filtered", "dead_letter", "stale"]),
+        msg = GroupDropped(group_id=_id(rng), reason=rng.choice(["filtered", "dead_letter", "stale", "feedback_timeout"]),
                            role=rng.choice(["", "trainer", "stream_ops"]))
     elif kind == "task_outcome":
         msg = TaskOutcome(group_id=_id(rng), task_id=_id(rng), team=_team(rng),
@@ -150,6 +150,11 @@ def valid_record(rng: random.Random, kind: str) -> dict:
         msg = Feedback(target=rng.choice(["trajectory", "episode", "completion"]), **target, **rating,
                        source=rng.choice(["human", "user", "verifier", "model"]), rater=_id(rng),
                        rated_at=rng.choice([0.0, 1.7e9]), comment=rng.choice(["", "close"]))
+    elif kind == "parked_group":
+        gid, team, task, trajs = _group_parts(rng)
+        msg = ParkedGroup(group=RolloutGroup(group_id=gid, team=team, task=task, trajectories=trajs),
+                          parked_at=rng.choice([0.0, 1.7e9]), source_topic=rng.choice(["ns.rollouts.red", ""]),
+                          source_partition=rng.choice([-1, 0, 2**31 - 1]), source_offset=rng.choice([-1, 0, INT64_MAX]))
     else:
         msg = Metric(role="trainer", role_id=_id(rng), step=rng.choice([0, INT64_MAX]),
                      values={_id(rng)[:8]: _float(rng) for _ in range(rng.randrange(4))})
@@ -245,6 +250,8 @@ def _replace(rng: random.Random, record: dict, op: str, kind: str) -> str | None
 
 def _label(op: str, path: list, kind: str) -> str:
     """The mutation's name, or the decoder-only rule it may break besides (checked by name below)."""
+    if kind == "parked_group" and path[0] == "group" and len(path) > 1:  # the group it carries: its rules
+        return _label(op, path[1:], "rollout_group")
     field = path[-1] if len(path) == 1 or (path[0], len(path)) in (("task", 2), ("trajectories", 3)) else None
     if op == "empty_list" and field in LENGTH_COUPLED:
         return "length_mismatch"  # one of the arrays that must have equal lengths

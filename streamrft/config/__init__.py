@@ -66,6 +66,9 @@ class EvalConfig(Section):
     drain_s: float = Field(15.0, ge=0, le=600, **_FINITE)
     """`schedule: fixed`: how long the evaluator goes on with queued versions once told to stop
     (`streamrft run` waits 20 s for its roles, then kills them)."""
+    rewards: list[RewardTerm] | None = Field(None, min_length=1)
+    """The terms that score the held-out eval; None: `stream_ops.rewards`. Needed when those hold a
+    `feedback` term: nobody rates eval episodes (e.g. `[{name: reverse}]`, the rule the raters follow)."""
     nice: int = Field(10, ge=0, le=19)
     """The evaluator role's CPU niceness (`os.nice`, 0 = as every role): on shared cores its evals
     take the cycles the loop leaves, so they never slow the explorers or the trainer; a starved
@@ -156,6 +159,15 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _eval_rewards(self) -> "RunConfig":
+        terms = self.eval.rewards or []
+        if self.stream_ops.feedback() is not None and (not terms or any(t.feedback() for t in terms)):
+            raise ValueError("eval.rewards: stream_ops.rewards holds a feedback term, which nobody gives eval "
+                             "episodes; set eval.rewards to terms that score them (e.g. [{name: reverse}]), "
+                             "without feedback")
+        return self
+
+    @model_validator(mode="after")
     def _updates(self) -> "RunConfig":
         t = self.trainer
         if (t.ppo_epochs > 1 or t.mini_batches > 1) and t.engine != "torch":
@@ -164,6 +176,9 @@ class RunConfig(Section):
         if t.mini_batches > t.batch_groups * self.explorer.group_size:
             raise ValueError(f"trainer.mini_batches={t.mini_batches} is more than the trajectories of a batch "
                              f"(trainer.batch_groups x explorer.group_size = {t.batch_groups * self.explorer.group_size})")
+        if t.max_update_kl is not None and t.engine != "torch":
+            raise ValueError(f"trainer.max_update_kl needs trainer.engine='torch' (got {t.engine!r}): scaling a step "
+                             "back needs the whole weights in one process")
         return self
 
     @model_validator(mode="after")

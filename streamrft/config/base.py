@@ -16,8 +16,9 @@ KL_ESTIMATOR_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 OFFLINE_TYPES = ("sft", "dpo", "kto")
 # `streamrft.stream_ops.rewards.REWARDS` plus `env` (scoring.ENV_TERM: the trajectory's env_reward)
+# and `feedback` (scoring.FEEDBACK_TERM: ratings that arrive later, joined by the feedback join)
 REWARD_NAMES = ("exact_match", "math_verify", "format", "reverse", "weighted_mix", "judge", "reward_model", "code_tests",
-                "env")
+                "env", "feedback")
 CLEANING_OP_TYPES = ("length", "repetition", "charset", "dedup", "prompt_copy")  # streamrft.stream_ops.ops.OPS
 WORKFLOW_TYPES = ("single_turn", "multi_turn", "step_wise")  # streamrft.producers.workflows.WORKFLOWS
 ENV_TYPES = ("guess_number", "calculator")  # streamrft.producers.envs.ENVIRONMENTS

@@ -300,3 +300,8 @@ class GatewayConfig(Section):
     evaluate: bool = False
     """Evaluate held-out every `eval.every_versions` as explorers do (a run whose only producer is
     the gateway: `explorer.num_explorers: 0`)."""
+    label_overlap: int = Field(1, ge=1, le=10)
+    """The labelling page (`GET /label`, a run with a `feedback` term): how many raters are shown
+    each answer (more than 1 to measure their agreement)."""
+    label_lease_s: float = Field(300.0, gt=0, le=86400, **_FINITE)
+    """How long an answer shown to one rater is held for them before another may get it."""

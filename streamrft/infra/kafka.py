@@ -274,6 +274,9 @@ def run_topics(cfg: KafkaConfig, namespace: str, teams: list[str] | tuple[str, .
         # every explorer folds it whole from offset 0 into per-task pass rates (task selection);
         # keyed by group_id, so compaction drops only redelivered copies of a group's outcome
         topic_name(namespace, "task-stats"): (1, {"cleanup.policy": "compact"}),
+        # groups waiting for their ratings (a `feedback` reward term): the feedback join folds it
+        # whole from offset 0 on start; a joined group's tombstone lets compaction drop it
+        topic_name(namespace, "parked"): (cfg.partitions, {"cleanup.policy": "compact"}),
     }
     for team in teams:
         specs[topic_name(namespace, "rollouts", team)] = (cfg.partitions, keep)

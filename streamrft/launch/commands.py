@@ -1,4 +1,4 @@
-"""The role commands: what `streamrft explore|evaluate|serve|score|train|replay|feed` run. `streamrft
+"""The role commands: what `streamrft explore|evaluate|serve|score|join|train|replay|feed` run. `streamrft
 run` starts its roles with these (`launch.roles`: forked, `main(args)`, or `python -m
 streamrft.launch.commands ARGS`); the `streamrft` command (`cli.py`) adds their parsers to its own.
 Heavy modules are imported by each command, not here.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
 
 def config_args(p: argparse.ArgumentParser) -> None:
@@ -85,6 +86,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    if args.feedback is not None:
+        return _replay_feedback(args)
     args.overrides = [*args.overrides, f"trainer.replay.namespace={args.source}",
                       f"trainer.replay.from_offset={args.from_offset}"]
     for flag in ("from_timestamp_ms", "to_offset", "to_timestamp_ms"):
@@ -103,11 +106,45 @@ def cmd_replay(args) -> int:
     return cmd_train(args)
 
 
+def _replay_feedback(args) -> int:
+    """`replay --feedback TEAM`: DPO pairs or KTO labels from the source's ratings, then offline training."""
+    _logging()
+    from streamrft.config import load_config
+    from streamrft.consumers.feedback_data import build_feedback_dataset
+    from streamrft.infra.stack import resolve_clients
+
+    cfg = load_config(args.config, args.overrides)
+    if cfg.algorithm.type not in ("dpo", "kto"):
+        raise SystemExit(f"replay --feedback: algorithm.type={cfg.algorithm.type!r}; allowed: 'dpo' (pairs from "
+                         f"preferences and ratings), 'kto' (ratings as desirable or not)")
+    cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+    path = Path(cfg.output_dir) / f"feedback-{cfg.algorithm.type}.jsonl"
+    counts = build_feedback_dataset(cfg, args.source, args.feedback, path, cfg.algorithm.type, args.feedback_threshold,
+                                    args.from_timestamp_ms, args.to_timestamp_ms)
+    print(f"replay --feedback {args.feedback}: {counts.get('rows', 0)} {cfg.algorithm.type} rows from "
+          f"{counts.get('ratings', 0)} ratings of {args.source} ({counts}) -> {path}", flush=True)
+    if not counts.get("rows"):
+        raise SystemExit("replay --feedback: no rows to train on")
+    args.overrides = [*args.overrides, f"data.train={path}"]
+    return cmd_train(args)
+
+
 def cmd_score(args) -> int:
     _logging()
     from streamrft.stream_ops.cli_entry import cmd_score as score
 
     return score(args)
+
+
+def cmd_join(args) -> int:
+    _logging()
+    from streamrft.config import load_config
+    from streamrft.infra.stack import resolve_clients
+    from streamrft.stream_ops.feedback.joiner import run_joiner
+
+    cfg = load_config(args.config, args.overrides)
+    cfg.kafka, cfg.s3 = resolve_clients(cfg.stack, cfg.kafka, cfg.s3)
+    return run_joiner(cfg)
 
 
 def add_role_parsers(sub) -> None:
@@ -138,11 +175,19 @@ def add_role_parsers(sub) -> None:
                    help="only partition P's offsets [START, END); repeat for more partitions (others skipped)")
     p.add_argument("--rollouts", metavar="TEAM", default=None,
                    help="replay <source>.rollouts.TEAM, scored again with this config's rewards")
+    p.add_argument("--feedback", metavar="TEAM", default=None,
+                   help="train offline (algorithm.type dpo or kto) on <source>.feedback.TEAM's ratings of the "
+                        "source's rollouts: DPO pairs from preferences and ratings, or KTO labels")
+    p.add_argument("--feedback-threshold", type=float, default=0.5,
+                   help="--feedback with kto: an answer is desirable when its mean rating is at least this")
     p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_replay)
     p = sub.add_parser("score", help="run one stream-ops worker (validate, score, advantages)")
     config_args(p)
     p.set_defaults(fn=cmd_score)
+    p = sub.add_parser("join", help="run the feedback join: parked groups meet their ratings (a `feedback` term)")
+    config_args(p)
+    p.set_defaults(fn=cmd_join)
     p = sub.add_parser("train", help="run the trainer (online RL, or offline sft/dpo/kto)")
     config_args(p)
     p.add_argument("--publish", action="store_true", help="offline: publish the result as weight version <steps>")

@@ -50,6 +50,7 @@ class RunView:
     train_rewards: list[tuple[float, int, float]] = field(default_factory=list)
     lag: dict[str, int] = field(default_factory=dict)  # role -> records behind its committed offsets
     gateway: dict[str, dict[str, float]] = field(default_factory=dict)  # "<gateway id>:<team>" -> its counters
+    feedback: dict[str, float] = field(default_factory=dict)  # the feedback join's last counters
 
     @property
     def trajectories(self) -> int:
@@ -66,6 +67,10 @@ class RunView:
             total = lambda k: int(sum(g.get(k, 0) for g in self.gateway.values()))  # noqa: E731
             gw = (f"  gateway: episodes {total('episodes_finished')} open {total('open_episodes')} "
                   f"expired {total('episodes_expired')} 429 {total('rejected_admission') + total('rejected_stale')}")
+        f = self.feedback
+        if f:
+            gw += (f"  feedback: parked {int(f.get('parked', 0))} (oldest {f.get('parked_age_max_s', 0):.0f}s) "
+                   f"joined {int(f.get('joined', 0))} timed out {int(f.get('timed_out', 0))}")
         return (f"[{time.time() - self.t0:6.0f}s] step {int(t.get('step', 0)):4d}  version {int(t.get('version', 0)):4d}  "
                 f"eval {ev:>11}  train_reward {t.get('reward_mean', float('nan')):.3f}  "
                 f"staleness {t.get('staleness_mean', float('nan')):.2f} (stale {self._stale_pct():.0f}%)  lag {self._lag()}  "
@@ -128,6 +133,8 @@ class MetricsFollower:
                 self.view.evals.append((now, int(m.values["version"]), m.values["eval_reward"]))
             elif m.role == "explorer":
                 self.view.explorers[m.role_id] = m.values
+            elif m.role == "feedback_join":
+                self.view.feedback = m.values
             elif m.role == "gateway":
                 if ":" in m.role_id:  # a team's counters (the gateway's own figures have no team)
                     self.view.gateway[m.role_id] = m.values

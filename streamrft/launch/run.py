@@ -217,6 +217,7 @@ def _run_logged(cfg: RunConfig, out: Path, t_start: float, metric_logger, stages
                     **{f"explorer-{i}": ["explore", *role_cfg, "--index", str(i)]
                        for i in range(cfg.explorer.num_explorers)},
                     **({"gateway": ["serve", *role_cfg]} if cfg.gateway.enabled else {}),
+                    **({"feedback-join": ["join", *role_cfg]} if cfg.stream_ops.feedback() else {}),
                     **({"evaluator": ["evaluate", *role_cfg]} if runs_evaluator(cfg) else {})}
         for name, args in commands.items():
             procs[name] = spawn(args, logs / f"{name}.log", cfg.fork_roles)

@@ -16,8 +16,8 @@ from streamrft.schemas import Task
 def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Task], cfg: RunConfig,
                       failures: dict | None = None) -> float:
     """Mean reward over the trajectories of the eval's completions or episodes of each task (greedy: one;
-    sampled: `eval.samples`; step-wise: per step), each scored with `stream_ops.rewards` exactly as
-    stream ops score it. `failures`: the workflow's count of episodes their environment ended
+    sampled: `eval.samples`; step-wise: per step), each scored with `eval.rewards` (default
+    `stream_ops.rewards`) exactly as stream ops score it. `failures`: the workflow's count of episodes their environment ended
     (`env_errors`, `env_timeouts`), each of which scores 0."""
     from streamrft.stream_ops.scoring import resolve_rewards, score_group
 
@@ -30,7 +30,7 @@ def evaluate_workflow(workflow: Workflow, engine: RolloutEngine, tasks: list[Tas
         params = SamplingParams(n=ev.samples, max_new_tokens=ex.sampling.max_new_tokens, temperature=ev.temperature,
                                 top_p=ex.sampling.top_p, top_k=ex.sampling.top_k, seed=ev.seed)
     groups = workflow(engine, tasks, params, version=engine.version, team=ex.team, chat=ex.chat_template)
-    terms = resolve_rewards(cfg)
+    terms = resolve_rewards(cfg, cfg.eval.rewards)
     rewards = [r for g in groups for r in score_group(g, terms, None, {}, False, "fifo").rewards]
     failed = sum((failures or {}).get(k, 0) for k in ("env_errors", "env_timeouts"))
     rewards += [0.0] * failed

@@ -52,8 +52,8 @@ from confluent_kafka import KafkaException
 from streamrft.config import KafkaConfig, RunConfig
 from streamrft.infra.supervise import OUTAGE_EXIT
 from streamrft.infra.offset_gaps import REWIND_PAUSE_S, OffsetGaps
-from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, RolloutGroup, TaskOutcome, encode,
-                               rollouts_pattern, topic_name)
+from streamrft.schemas import (DeadLetter, ExperienceGroup, GroupDropped, Metric, ParkedGroup, RolloutGroup,
+                               TaskOutcome, encode, rollouts_pattern, topic_name)
 from streamrft.stream_ops.scoring import Scored, ScoringError, build_scorer
 from streamrft.stream_ops.validate import InvalidRollout, team_of_topic, validate
 
@@ -100,7 +100,8 @@ AsyncScorer = Callable[[RolloutGroup], Awaitable["ExperienceGroup | None | Score
 
 
 class Outcome(NamedTuple):
-    """What one input record becomes: `kind` is "experience", "dead_letter" or "filtered".
+    """What one input record becomes: `kind` is "experience", "dead_letter", "filtered" or "parked"
+    (a valid group waiting on `<ns>.parked` for its ratings: `key`/`value` its `ParkedGroup`).
 
     `key`/`value` go to the experiences topic or the DLQ (none when filtered); a group that will
     never be trained (filtered or dead-lettered) also yields `dropped`, the (key, value) of its
@@ -151,6 +152,39 @@ async def route_record_async(scorer: AsyncScorer, namespace: str, value: bytes |
         return _scored(group, exp, topic, partition, offset, max_output_bytes)
     except Exception as e:  # any failure is this record's alone: dead-letter it, never stop the stream
         return _failed(e, stage, value, key, topic, partition, offset)
+
+
+async def park_record(scorer, namespace: str, value: bytes | None, key: bytes | None, topic: str, partition: int,
+                      offset: int, max_output_bytes: int = MAX_REQUEST_BYTES) -> Outcome:
+    """A rollouts record of a run with a `feedback` term: validated (its pictures checked), then
+    parked for the feedback join (`stream_ops/feedback/joiner.py`), which scores it once its ratings
+    are in. Never raises an `Exception`: a bad record is a dead letter, as in `route_record`."""
+    stage = "validating"
+    try:
+        group = validate(value, expected_team=team_of_topic(topic, namespace))
+        if scorer.images is not None and (group.task.images or any(t.images for t in group.trajectories)):
+            await asyncio.to_thread(scorer.images, group)
+        stage = "parking"
+        parked = ParkedGroup(group=group, parked_at=time.time(), source_topic=topic, source_partition=partition,
+                             source_offset=offset)
+        out_key, out_value = group.group_id.encode(), encode(parked)
+        if len(out_key) + len(out_value) > max_output_bytes - RECORD_OVERHEAD_BYTES:
+            raise OutputTooLarge(f"the parked group is {len(out_key) + len(out_value)} bytes; one record may be at "
+                                 f"most {max_output_bytes - RECORD_OVERHEAD_BYTES}")
+        return Outcome("parked", out_key, out_value, len(group.trajectories))
+    except Exception as e:  # any failure is this record's alone
+        return _failed(e, stage, value, key, topic, partition, offset)
+
+
+def route_group(score: Scorer, group: RolloutGroup, topic: str, partition: int, offset: int,
+                max_output_bytes: int = MAX_REQUEST_BYTES) -> Outcome:
+    """Score a group that was valid when it came (the feedback join's parked groups) as
+    `route_record` does: `topic`/`partition`/`offset` are its rollouts record's. Never raises an
+    `Exception`: a failure makes the group (re-encoded) a dead letter."""
+    try:
+        return _scored(group, score(group), topic, partition, offset, max_output_bytes)
+    except Exception as e:  # a reward, an advantage, an output too large: this group's alone
+        return _failed(e, "scoring", encode(group), group.group_id.encode(), topic, partition, offset)
 
 
 def _scored(group: RolloutGroup, result: "ExperienceGroup | None | Scored", topic: str, partition: int, offset: int,
@@ -222,6 +256,7 @@ class Counters:
     scored: int = 0
     filtered: int = 0
     dead_lettered: int = 0
+    parked: int = 0
     trajectories: int = 0
 
     def add(self, outcome: Outcome) -> None:
@@ -229,13 +264,15 @@ class Counters:
             self.scored += 1
         elif outcome.kind == "filtered":
             self.filtered += 1
+        elif outcome.kind == "parked":
+            self.parked += 1
         else:
             self.dead_lettered += 1
         self.trajectories += outcome.trajectories
 
     @property
     def groups(self) -> int:
-        return self.scored + self.filtered + self.dead_lettered
+        return self.scored + self.filtered + self.dead_lettered + self.parked
 
 
 def broker_settings(cfg: KafkaConfig) -> dict:
@@ -369,7 +406,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
     metrics = app.topic(topic_name(ns, "metrics"))
     admission = app.topic(topic_name(ns, "admission"))
     task_stats = app.topic(topic_name(ns, "task-stats"))
-    outputs = {"experience": experiences, "dead_letter": dlq}
+    outputs = {"experience": experiences, "dead_letter": dlq, "parked": app.topic(topic_name(ns, "parked"))}
     counters = Counters()
     latencies: list[float] = []  # of the records acknowledged since the last metrics report
     busy = {"score_s": 0.0}  # record-seconds spent validating, scoring and computing advantages
@@ -396,7 +433,11 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
         async def handle(event) -> tuple[list, Outcome]:
             m = event.message
             t0 = time.monotonic()
-            outcome = await route_record_async(scorer.ascore, ns, event.value, m.key, m.topic, m.partition, m.offset)
+            if scorer.parks:  # a feedback term: the join scores the group once its ratings are in
+                outcome = await park_record(scorer, ns, event.value, m.key, m.topic, m.partition, m.offset)
+            else:
+                outcome = await route_record_async(scorer.ascore, ns, event.value, m.key, m.topic, m.partition,
+                                                   m.offset)
             busy["score_s"] += time.monotonic() - t0
             delivered = []
             if outcome.kind != "filtered":
@@ -453,6 +494,7 @@ def make_app(cfg: RunConfig, worker_id: str, observe: Callable[[Metric], None] |
         dt = max(now - last["t"], 1e-9)
         values = {
             "scored": counters.scored, "filtered": counters.filtered, "dead_lettered": counters.dead_lettered,
+            **({"parked": counters.parked} if scorer.parks else {}),
             "groups_per_s": (counters.groups - last["groups"]) / dt,
             "trajectories_per_s": (counters.trajectories - last["trajectories"]) / dt,
         }

@@ -33,6 +33,8 @@ from streamrft.stream_ops.errors import ScoringError
 from streamrft.stream_ops.rewards.kinds import ResolvedReward
 
 ENV_TERM = "env"
+FEEDBACK_TERM = "feedback"
+"""Not a function either: the ratings' aggregate, handed in by the feedback join (`feedback=`)."""
 # advantage functions that take one group's rewards alone (see engine/algorithms/advantages.py)
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "opmd")
 PRIORITIES = ("fifo", "reward_std", "abs_advantage")
@@ -57,6 +59,28 @@ def _term_value(term: ResolvedReward, group: RolloutGroup, i: int) -> float:
     if not math.isfinite(value):
         raise ScoringError(f"reward term {term.name!r} returned {value} on trajectory {traj.traj_id}")
     return value
+
+
+def _is_feedback(term: ResolvedReward) -> bool:
+    return term.fn is None and term.name == FEEDBACK_TERM
+
+
+def _feedback_values(group: RolloutGroup, feedback: "dict[str, float] | str | None",
+                     components: dict[str, list[float]]) -> list[float]:
+    if feedback is None:
+        raise ScoringError(f"reward term {FEEDBACK_TERM!r}: group {group.group_id} came without its ratings (the "
+                           "feedback join scores groups with this term)")
+    if isinstance(feedback, str):  # on_timeout: fallback
+        if feedback not in components:
+            raise ScoringError(f"reward term {FEEDBACK_TERM!r}: its fallback term {feedback!r} is not configured")
+        return list(components[feedback])
+    missing = [t.traj_id for t in group.trajectories if t.traj_id not in feedback]
+    if missing:
+        raise ScoringError(f"reward term {FEEDBACK_TERM!r}: no rating for trajectory {missing[0]}")
+    values = [float(feedback[t.traj_id]) for t in group.trajectories]
+    if not all(math.isfinite(v) for v in values):
+        raise ScoringError(f"reward term {FEEDBACK_TERM!r}: ratings aggregate to {values}")
+    return values
 
 
 def _describe(e: Exception) -> str:
@@ -125,11 +149,12 @@ def _episode_rewards(group: RolloutGroup, totals: list[float], episode: list[int
 
 def score_group(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
                 advantage_params: dict, drop_zero_variance: bool, priority: str,
-                slow_values: dict[str, list[float]] | None = None) -> ExperienceGroup | None:
+                slow_values: dict[str, list[float]] | None = None,
+                feedback: "dict[str, float] | str | None" = None) -> ExperienceGroup | None:
     """Score one group; None when its rewards are all equal and `drop_zero_variance` is on.
     (`score_group_outcome` keeps a filtered group's episode rewards too.)"""
     return score_group_outcome(group, rewards, advantage_fn, advantage_params, drop_zero_variance, priority,
-                               slow_values).experience
+                               slow_values, feedback).experience
 
 
 class Scored(NamedTuple):
@@ -142,12 +167,16 @@ class Scored(NamedTuple):
 
 def score_group_outcome(group: RolloutGroup, rewards: list[ResolvedReward], advantage_fn: Callable | None,
                         advantage_params: dict, drop_zero_variance: bool, priority: str,
-                        slow_values: dict[str, list[float]] | None = None) -> Scored:
+                        slow_values: dict[str, list[float]] | None = None,
+                        feedback: "dict[str, float] | str | None" = None) -> Scored:
     """Score one group: its experience, None when its rewards are all equal and `drop_zero_variance`
     is on, and its episode rewards either way.
 
     `slow_values`: each slow term's values, computed beforehand (`slow_terms.slow_components`);
     when not given, they are computed here in a private event loop (never call this inside one then).
+    `feedback`: the `feedback` term's value of each trajectory by `traj_id` (the feedback join's
+    aggregate of its ratings), or the label of another term whose values stand in (`on_timeout:
+    fallback`); a group with a feedback term and no `feedback` is an error.
     Episodes of several steps (step_wise): the advantage function, the zero-variance filter and the
     priority see one reward per episode, and each step gets its episode's advantage, so an episode
     with more steps does not weigh more in the group's baseline.
@@ -158,7 +187,10 @@ def score_group_outcome(group: RolloutGroup, rewards: list[ResolvedReward], adva
 
         slow_values = asyncio.run(slow_components(group, [t for t in rewards if t.slow]))
     components = {term.name: (slow_values[term.name] if term.slow else [_term_value(term, group, i) for i in range(n)])
-                  for term in rewards}
+                  for term in rewards if not _is_feedback(term)}
+    for term in filter(_is_feedback, rewards):
+        components[term.name] = _feedback_values(group, feedback, components)
+    components = {term.name: components[term.name] for term in rewards}  # the config's order
     totals = [sum(term.weight * components[term.name][i] for term in rewards) for i in range(n)]
     if not all(math.isfinite(t) for t in totals):
         raise ScoringError(f"weighted rewards overflow: {totals} from {components}")
@@ -187,18 +219,20 @@ def _built(name: str | None, import_path: str | None, params_json: str) -> Calla
     return resolve_reward(name, import_path)(**json.loads(params_json))
 
 
-def resolve_rewards(cfg: RunConfig) -> list[ResolvedReward]:
-    """The config's reward terms, looked up once (factories built); labels are unique (`#2`, ...)."""
+def resolve_rewards(cfg: RunConfig, terms=None) -> list[ResolvedReward]:
+    """The config's reward terms (or `terms`, e.g. `eval.rewards`), looked up once (factories
+    built); labels are unique (`#2`, ...)."""
     from streamrft.stream_ops.rewards import is_factory, resolve_reward
 
     resolved: list[ResolvedReward] = []
     seen: dict[str, int] = {}
-    for term in cfg.stream_ops.rewards:
+    for term in cfg.stream_ops.rewards if terms is None else terms:
         label = term.import_path or term.name or ""
         seen[label] = seen.get(label, 0) + 1
         if seen[label] > 1:
             label = f"{label}#{seen[label]}"
-        fn = None if (term.name == ENV_TERM and not term.import_path) else resolve_reward(term.name, term.import_path)
+        fn = None if (term.name in (ENV_TERM, FEEDBACK_TERM) and not term.import_path) \
+            else resolve_reward(term.name, term.import_path)
         params = dict(term.params)
         if fn is not None and is_factory(fn):
             fn, params = _built(term.name, term.import_path, json.dumps(params, sort_keys=True)), {}
@@ -243,9 +277,10 @@ class Scorer:
         self.pool = (ThreadPoolExecutor(threads, thread_name_prefix="reward")
                      if any(t.kind == "blocking" for t in rewards) else None)
 
-    def _score(self, group: RolloutGroup, slow_values: dict | None, dropped: dict) -> ExperienceGroup | None | Scored:
+    def _score(self, group: RolloutGroup, slow_values: dict | None, dropped: dict,
+               feedback=None) -> ExperienceGroup | None | Scored:
         scored = score_group_outcome(group, self.rewards, self.advantage_fn, self.advantage_params, self.drop,
-                                     self.priority, slow_values)
+                                     self.priority, slow_values, feedback)
         if scored.experience is not None and dropped:
             scored.experience.dropped = dropped  # what the cleaning ops took out, and why
         return scored if self.with_rewards else scored.experience
@@ -253,7 +288,13 @@ class Scorer:
     def _clean(self, group: RolloutGroup) -> tuple[RolloutGroup | None, dict]:
         return self.cleaning.apply(group) if self.cleaning is not None else (group, {})
 
-    async def ascore(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
+    @property
+    def parks(self) -> bool:
+        """Groups wait for their ratings: a `feedback` term is configured (the join scores them)."""
+        return any(_is_feedback(t) for t in self.rewards)
+
+    async def ascore(self, group: RolloutGroup, feedback=None) -> ExperienceGroup | None | Scored:
+        """`feedback`: the feedback term's values (`score_group_outcome`)."""
         from streamrft.stream_ops.slow_terms import slow_components
 
         if self.images is not None and (group.task.images or any(t.images for t in group.trajectories)):
@@ -262,15 +303,15 @@ class Scorer:
         if group is None:  # the ops left fewer than 2 trajectories: filtered, no task outcome
             return None
         slow = await slow_components(group, self.slow, self.pool, self.stats) if self.slow else {}
-        return self._score(group, slow, dropped)
+        return self._score(group, slow, dropped, feedback)
 
-    def __call__(self, group: RolloutGroup) -> ExperienceGroup | None | Scored:
+    def __call__(self, group: RolloutGroup, feedback=None) -> ExperienceGroup | None | Scored:
         if self.slow:
-            return asyncio.run(self.ascore(group))
+            return asyncio.run(self.ascore(group, feedback))
         if self.images is not None:
             self.images(group)
         group, dropped = self._clean(group)
-        return None if group is None else self._score(group, {}, dropped)
+        return None if group is None else self._score(group, {}, dropped, feedback)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -27,6 +27,13 @@ def test_the_line_counts_trajectories_from_explorers_and_the_gateway():
     assert "trajectories 50 " in v.line() and "gateway: episodes 10 open 3 expired 0 429 2" in v.line()
 
 
+def test_the_line_shows_the_feedback_join():
+    v = RunView()
+    assert "feedback:" not in v.line()
+    v.feedback = {"parked": 12.0, "parked_age_max_s": 41.6, "joined": 30.0, "timed_out": 2.0}
+    assert v.line().endswith("feedback: parked 12 (oldest 42s) joined 30 timed out 2")
+
+
 def test_the_profile_shows_how_off_policy_the_last_batch_was():
     v = RunView()
     v.trainer = {"wait_s": 0.5, "step_s": 0.2, "staleness_0": 0.25, "staleness_1": 0.75, "staleness_2p": 0.0,

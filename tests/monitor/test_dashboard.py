@@ -33,7 +33,6 @@ from tests_helpers import stack_overrides, stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "examples" / "agent_cpu.yaml"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 URL = re.compile(r"^dashboard: (http://\S+/)")
 
 
@@ -64,32 +63,6 @@ def _lines_until(proc: subprocess.Popen, pattern: re.Pattern, seen: list[str], t
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read()) if "/api/" in url else r.read().decode()
-
-
-@pytest.fixture
-def chrome(tmp_path):
-    if not Path(CHROMEDRIVER).exists() or shutil.which("chromium") is None:
-        missing = "Debian's chromium and chromium-driver are not installed (bash scripts/install.sh installs them)"
-        if os.environ.get("STREAMRFT_REQUIRE_BROWSER"):  # CI: a browser test that skips proves nothing
-            pytest.fail(missing)
-        pytest.skip(missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1500,2400", f"--user-data-dir={tmp_path / 'chrome-profile'}"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, shown on a failure
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
-        yield driver
-    except BaseException:
-        for entry in driver.get_log("browser"):
-            print("browser console:", entry.get("level"), entry.get("message"))
-        raise
-    finally:
-        driver.quit()  # ends chromedriver and every chromium process it started
 
 
 def test_a_short_runs_dashboard_draws_reward_trajectories_and_dead_letters(stack, tmp_path, chrome):

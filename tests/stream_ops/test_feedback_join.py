@@ -14,9 +14,9 @@ def _group(gid: str = "g", n: int = 2) -> RolloutGroup:
     return RolloutGroup(group_id=gid, task=Task(task_id="task", prompt="p"), trajectories=trajs)
 
 
-def _rate(target_id=None, fid=None, **kw) -> Feedback:
+def _rate(target_id=None, fid=None, rater="ann", **kw) -> Feedback:
     extra = {} if fid is None else {"feedback_id": fid}
-    return Feedback(target="trajectory", target_id=target_id, source="human", rater="ann", **extra, **kw)
+    return Feedback(target="trajectory", target_id=target_id, source="human", rater=rater, **extra, **kw)
 
 
 def test_a_group_is_due_once_every_trajectory_has_its_ratings_in_any_order():
@@ -82,3 +82,23 @@ def test_preferences_give_bradley_terry_rewards_once_each_trajectory_was_compare
     # e0 over e1 3.5 to 1.5 (one virtual tie): log-strengths +-log(7/3)/2, e2 uncompared 0
     assert out.rewards == [pytest.approx(math.log(7 / 3) / 2, abs=1e-6), pytest.approx(-math.log(7 / 3) / 2, abs=1e-6),
                            pytest.approx(0.0, abs=1e-9)]
+
+
+def test_another_teams_ratings_count_only_when_allowed_and_rater_agreement_on_shared_items():
+    join = FeedbackJoin(FeedbackPolicy(min_rated=2, labels=LABELS, wait_s=60))
+    join.park(_group(), parked_at=0)
+    join.rate(_rate("g-t0", reward=1.0, rater="ann"), now=1)
+    join.rate(_rate("g-t0", label="good", rater="bob"), now=1)  # 1.0
+    join.rate(_rate("g-t1", reward=0.0, rater="ann"), now=1)
+    join.rate(_rate("g-t1", reward=0.5, rater="bob"), now=1)
+    join.rate(_rate("g-t1", reward=1.0, rater="eve"), now=1, team="blue")  # not the group's team
+    (out,) = join.due(2)
+    assert out.rewards == [1.0, 0.25]  # eve's 1.0 is not in t1's mean
+    join.settle("g")
+    assert join.counters["wrong_team"] == 1
+    # ann and bob shared both items: |1 - 1| and |0 - 0.5|, each once
+    assert join.agreement == {"ann": (2, 0.5), "bob": (2, 0.5)}
+    open_join = FeedbackJoin(FeedbackPolicy(min_rated=1, teams=("blue",)))
+    open_join.park(_group("h", n=1), parked_at=0)
+    open_join.rate(_rate("h-t0", reward=0.3, rater="eve"), now=1, team="blue")
+    assert open_join.due(1)[0].rewards == [0.3]

@@ -277,3 +277,24 @@ def test_broker_outages_are_told_from_the_workers_own_failures():
         assert is_broker_outage(exc), exc
     for exc in (RecordTooLargeError(), TopicAuthorizationFailedError(), ValueError(), None):
         assert not is_broker_outage(exc), exc
+
+
+def test_the_feedback_term_takes_the_joins_values_by_trajectory_mixed_with_the_others():
+    """`feedback`: one value a trajectory (by traj_id, in any order) from the feedback join, weighted
+    in the mix like any term; on a timeout with `fallback`, another term's values stand in."""
+    scorer = build_scorer(cfg(stream_ops={"rewards": [
+        {"name": "feedback", "weight": 0.5, "params": {"on_timeout": "fallback", "fallback_term": "exact_match"}},
+        {"name": "exact_match", "weight": 2.0}], "drop_zero_variance": False}, eval={"rewards": [{"name": "exact_match"}]}))
+    assert scorer.parks
+    group = make_group(["4", "5", "4"])
+    exp = scorer(group, {"x2": 0.2, "x0": 1.0, "x1": 0.6})
+    assert exp.reward_components == {"feedback": [1.0, 0.6, 0.2], "exact_match": [1.0, 0.0, 1.0]}
+    assert exp.rewards == pytest.approx([0.5 * 1.0 + 2.0, 0.5 * 0.6, 0.5 * 0.2 + 2.0])
+    fallback = scorer(group, "exact_match")  # no ratings in time: exact_match in feedback's place
+    assert fallback.reward_components["feedback"] == [1.0, 0.0, 1.0]
+    assert fallback.rewards == pytest.approx([2.5, 0.0, 2.5])
+    with pytest.raises(ScoringError, match="no rating for trajectory x1"):
+        scorer(group, {"x0": 1.0, "x2": 0.0})
+    with pytest.raises(ScoringError, match="came without its ratings"):
+        scorer(group)
+    assert not build_scorer(cfg()).parks

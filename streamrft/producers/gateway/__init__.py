@@ -137,6 +137,15 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
             flush_or_raise(producer)
 
     gw.send_feedback = send_feedback
+    follower = None
+    if cfg.stream_ops.feedback() is not None:  # the labelling page's queue: the parked groups' answers
+        from streamrft.producers.gateway.labels import LabelQueue, ParkedFollower
+        from streamrft.stream_ops.feedback.joiner import policy_of
+
+        policy = policy_of(cfg)
+        gw.labels = LabelQueue(gcfg.label_overlap, gcfg.label_lease_s, policy.allows)
+        follower = ParkedFollower(cfg, gw.labels)
+
     def publish_metrics() -> None:  # on the event loop (the counters' thread), every METRICS_EVERY_S
         opened = groups.open_counts()
         for team in keys.names:
@@ -153,12 +162,16 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
         watcher.start()
         admission.start()
         worker.start()
+        if follower is not None:
+            follower.start()
         if not admission.caught_up.wait(60):
             log.warning("admission counts not read within 60 s: new episodes get 429 until they are")
         log.info("gateway %s serves %s v%d for teams %s", gateway_id, cfg.model.name, engine.version, keys.names)
 
     def on_stop() -> None:
         worker.stop()
+        if follower is not None:
+            follower.stop()
         groups.close()
         watcher.stop()
         admission.stop()

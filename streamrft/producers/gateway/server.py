@@ -17,6 +17,9 @@
   `<ns>.feedback.<team>`.
 - `POST /v1/episodes/{id}/finish` with `reward` or `rewards` (one per call), optional `task_id`,
   `answer`, `metadata`, `finish_reason` closes an episode (`groups.py`).
+- `GET /label`: the labelling page (`labels.py`, a run with a `feedback` term): a person logs in
+  with their team's key and rates the answers of parked groups; `GET /v1/label/next?rater=NAME`
+  hands the page its next answer (leased to that rater), `GET /v1/label/counts` what waits.
 - `GET /health`: the served version (no key needed).
 Every other endpoint needs `Authorization: Bearer <team key>`; the key decides the team.
 """
@@ -29,10 +32,11 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from streamrft.engine.rollout.base import Completion, SamplingParams
 from streamrft.producers.gateway.episodes import Call
@@ -43,6 +47,8 @@ from streamrft.producers.gateway.teams import TeamKeys
 from streamrft.producers.gateway.worker import EngineWorker
 
 log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
 
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
@@ -100,6 +106,7 @@ class Gateway:
         self.arriving = 0  # requests received, not handed to the engine thread yet (read by it)
         self.eval_episodes = Remembered(limit=10_000)  # (team, episode id) -> LastCall: eval episodes' last calls
         self.send_feedback: Any = None  # send_feedback(team, [Feedback]): publish, acknowledged (`POST /v1/feedback`)
+        self.labels: Any = None  # `labels.LabelQueue` of the labelling page (a run with a feedback term), else None
         self.created = int(time.time())
 
     # ---- request parsing --------------------------------------------------------------------------
@@ -409,7 +416,36 @@ def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAP
             raise GatewayError(503, "this gateway takes no feedback")
         await asyncio.to_thread(gw.send_feedback, team, items)  # acknowledged by the broker
         gw.store.counters[team]["feedback"] += len(items)
+        if gw.labels is not None:  # an answer rated from the page leaves that rater's queue
+            for f in items:
+                if f.target_id is not None:
+                    gw.labels.rated(f"{team}/{f.rater}", f.target_id)
         return {"accepted": len(items), "feedback_ids": [f.feedback_id for f in items]}
+
+    @app.get("/label")
+    async def label_page() -> FileResponse:
+        return FileResponse(STATIC / "label.html", headers={"Cache-Control": "no-store"})
+
+    def labels() -> Any:
+        if gw.labels is None:
+            raise GatewayError(404, "this run parks no groups for rating (no `feedback` reward term)")
+        return gw.labels
+
+    @app.get("/v1/label/next")
+    async def label_next(request: Request, rater: str = "rater") -> dict:
+        team = gw.team(request)
+        if not 0 < len(rater) <= 128:
+            raise GatewayError(400, "`rater` must be 1-128 characters", param="rater")
+        queue, now = labels(), time.time()
+        answer = queue.next(f"{team}/{rater}", team, now)
+        return {"answer": None if answer is None else {"traj_id": answer.traj_id, "group_id": answer.group_id,
+                                                       "prompt": answer.prompt, "text": answer.text},
+                "counts": queue.counts(now)}
+
+    @app.get("/v1/label/counts")
+    async def label_counts(request: Request) -> dict:
+        gw.team(request)
+        return labels().counts(time.time())
 
     @app.post("/v1/episodes/{episode_id}/finish")
     async def finish(episode_id: str, request: Request) -> dict:

@@ -4,11 +4,15 @@
 parked topic and the feedback topics from `earliest` and gets the same state):
 - `park(group, parked_at)`: a group waiting for ratings. A trajectory answers to its own id, its
   episode's (`info.episode_id`) and the gateway completions it holds (`info.completion_ids`).
-- `rate(feedback)`: a rating. A `feedback_id` seen before is counted (`duplicate`) and ignored; a
-  rating of a group already joined or timed out is counted (`late`) and never applied.
+- `rate(feedback, now, team)`: a rating from `team`'s feedback topic. A `feedback_id` seen before
+  is counted (`duplicate`) and ignored; a rating of a group already joined or timed out is counted
+  (`late`) and never applied. A rating counts for a group of its own team, or of any team when its
+  team is in `teams`; the others are counted when the group settles (`wrong_team`).
 - `due(now)`: each parked group whose every trajectory has `min_rated` ratings (with the
   policy's aggregation, the reward of each trajectory), or whose `wait_s` has passed (no rewards:
   `on_timeout` decides). `settle(group_id)` closes a group once its outcome is durable.
+- `agreement`: per rater, on the items other raters rated too, the summed distance of their value
+  from the others' mean (filled as groups settle).
 - `expire(now)`: ratings that rate nothing parked or settled for `wait_s` are counted
   (`unknown`) and dropped. A rating that arrives before its group waits for it meanwhile.
 """
@@ -33,6 +37,11 @@ class FeedbackPolicy:
     """A group waits this long after it was parked, a rating this long for its group."""
     labels: dict[str, float] = field(default_factory=dict)
     """Each allowed label's reward value, in tie-breaking order; a label outside it is not counted."""
+    teams: tuple[str, ...] | None = None
+    """Teams whose ratings count for every group; None: a group's own team only."""
+
+    def allows(self, rater_team: str, group_team: str) -> bool:
+        return rater_team == group_team or (self.teams is not None and rater_team in self.teams)
 
 
 def answers_to(t: Trajectory) -> set[str]:
@@ -72,7 +81,9 @@ class FeedbackJoin:
         self.ratings: dict[str, list[Feedback]] = defaultdict(list)  # rated id -> its ratings
         self.first_seen: dict[str, float] = {}  # rated id -> when its first rating came
         self.seen: set[str] = set()  # feedback ids
+        self.team_of: dict[str, str] = {}  # feedback id -> the team whose topic carried it
         self.counters: Counter = Counter()
+        self.agreement: dict[str, tuple[int, float]] = {}  # rater -> (items shared, summed |own - others' mean|)
 
     def park(self, group: RolloutGroup, parked_at: float) -> None:
         if group.group_id in self.parked or group.group_id in self.settled:
@@ -80,11 +91,12 @@ class FeedbackJoin:
             return
         self.parked[group.group_id] = Parked(group, parked_at, [answers_to(t) for t in group.trajectories])
 
-    def rate(self, feedback: Feedback, now: float) -> None:
+    def rate(self, feedback: Feedback, now: float, team: str = "default") -> None:
         if feedback.feedback_id in self.seen:
             self.counters["duplicate"] += 1
             return
         self.seen.add(feedback.feedback_id)
+        self.team_of[feedback.feedback_id] = team
         ids = feedback.rated()
         if any(i in self._settled_ids for i in ids):
             self.counters["late"] += 1
@@ -97,17 +109,19 @@ class FeedbackJoin:
             self.first_seen.setdefault(i, now)
         self.counters["ratings"] += 1
 
-    def _of(self, keys: set[str]) -> list[Feedback]:
-        """The distinct ratings naming any of `keys`."""
+    def _of(self, keys: set[str], group_team: str, allowed: bool = True) -> list[Feedback]:
+        """The distinct ratings naming any of `keys` that may rate a group of `group_team` (or,
+        `allowed=False`, those that may not)."""
         found: dict[str, Feedback] = {}
         for k in keys:
             for f in self.ratings.get(k, ()):
-                found.setdefault(f.feedback_id, f)
+                if self.policy.allows(self.team_of.get(f.feedback_id, ""), group_team) == allowed:
+                    found.setdefault(f.feedback_id, f)
         return list(found.values())
 
     def rewards(self, p: Parked) -> tuple[list[float], int] | None:
         """Each trajectory's reward and the ratings used, once every trajectory has `min_rated`."""
-        per = [self._of(keys) for keys in p.keys]
+        per = [self._of(keys, p.group.team) for keys in p.keys]
         policy = self.policy
         if policy.aggregate == "bradley_terry":
             per = [[f for f in fs if f.preference is not None] for fs in per]
@@ -147,11 +161,32 @@ class FeedbackJoin:
             return
         self.settled.add(group_id)
         self.counters["timed_out" if timed_out else "joined"] += 1
+        self.counters["wrong_team"] += len({f.feedback_id for keys in p.keys
+                                            for f in self._of(keys, p.group.team, allowed=False)})
+        for keys in p.keys:
+            self._agreement(self._of(keys, p.group.team))
         for keys in p.keys:
             self._settled_ids |= keys
             for k in keys:
                 self.ratings.pop(k, None)
                 self.first_seen.pop(k, None)
+
+    def _agreement(self, ratings: list[Feedback]) -> None:
+        """Per rater, how far their value for one item (mean of their scalar ratings and labels'
+        values) is from the mean of the other raters' values for it, on items two or more rated."""
+        by_rater: dict[str, list[float]] = defaultdict(list)
+        for f in ratings:
+            if f.reward is not None:
+                by_rater[f.rater].append(f.reward)
+            elif f.label in self.policy.labels:
+                by_rater[f.rater].append(self.policy.labels[f.label])
+        if len(by_rater) < 2:
+            return
+        means = {r: sum(v) / len(v) for r, v in by_rater.items()}
+        for rater, mine in means.items():
+            others = [m for r, m in means.items() if r != rater]
+            n, total = self.agreement.get(rater, (0, 0.0))
+            self.agreement[rater] = (n + 1, total + abs(mine - sum(others) / len(others)))
 
     def expire(self, now: float) -> None:
         waiting = {k for p in self.parked.values() for keys in p.keys for k in keys}
