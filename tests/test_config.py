@@ -594,3 +594,12 @@ def test_at_most_one_feedback_term(inline_yaml):
         load_config(inline_yaml, [feedback_only])
     cfg = load_config(inline_yaml, [feedback_only, "eval.rewards=[{name: reverse}]"])
     assert cfg.stream_ops.feedback().feedback().min_rated == 3 and cfg.eval.rewards[0].name == "reverse"
+
+
+def test_serving_users_needs_a_feedback_term(inline_yaml):
+    with pytest.raises(ConfigError, match="gateway.mode='serve' publishes users' completions to wait for their "
+                                          "ratings: it needs a `feedback` term"):
+        load_config(inline_yaml, ["gateway.mode=serve"])
+    cfg = load_config(inline_yaml, ["gateway.mode=serve", "stream_ops.rewards=[{name: feedback}]",
+                                    "eval.rewards=[{name: reverse}]"])
+    assert cfg.gateway.mode == "serve"

@@ -168,6 +168,13 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _serve_mode(self) -> "RunConfig":
+        if self.gateway.mode == "serve" and self.stream_ops.feedback() is None:
+            raise ValueError("gateway.mode='serve' publishes users' completions to wait for their ratings: it "
+                             "needs a `feedback` term in stream_ops.rewards (docs/feedback.md)")
+        return self
+
+    @model_validator(mode="after")
     def _updates(self) -> "RunConfig":
         t = self.trainer
         if (t.ppo_epochs > 1 or t.mini_batches > 1) and t.engine != "torch":

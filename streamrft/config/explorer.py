@@ -300,6 +300,11 @@ class GatewayConfig(Section):
     evaluate: bool = False
     """Evaluate held-out every `eval.every_versions` as explorers do (a run whose only producer is
     the gateway: `explorer.num_explorers: 0`)."""
+    mode: Literal["train", "serve"] = "train"
+    """`train`: agents' episodes are recorded for training (docs/gateway.md). `serve`: the policy is
+    served to users, no training episode is recorded, and each call's completions are published as
+    a group to wait for its users' ratings (`POST /v1/feedback {completion_id, rating}`): needs a
+    `feedback` reward term; a completion no one rates times out (docs/feedback.md)."""
     label_overlap: int = Field(1, ge=1, le=10)
     """The labelling page (`GET /label`, a run with a `feedback` term): how many raters are shown
     each answer (more than 1 to measure their agreement)."""

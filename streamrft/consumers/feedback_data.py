@@ -9,7 +9,8 @@ to `<output_dir>/feedback-<shape>.jsonl` in the shape offline training reads
   (`stream_ops.feedback.join.answers_to`). Its text is its task's prompt and its `response_text`.
 - `dpo`: each `preference` between two items of one prompt is a row (prompt, chosen, rejected); so
   is each pair of items of one prompt whose mean scalar ratings differ by at least `margin`
-  (the best against the worst of each group, once). Ratings as labels count by the values of the
+  (the best-rated answer of each prompt against its worst, across groups: served users' calls of one
+  prompt are groups of their own). Ratings as labels count by the values of the
   config's feedback term (`labels`), when it has one.
 - `kto`: each item with scalar ratings or labels is a row, desirable when its mean is at least
   `threshold`; a preference makes its chosen item desirable and its rejected one not, when they
@@ -85,10 +86,10 @@ def feedback_rows(groups: list[RolloutGroup], ratings: list[Feedback], shape: st
                 counts["pair_across_prompts"] += 1
                 continue
             pairs.append((chosen, rejected))
-        by_group: dict[str, list[str]] = defaultdict(list)
+        by_prompt: dict[str, list[str]] = defaultdict(list)
         for k in mean:
-            by_group[items[k].group_id].append(k)
-        for ks in by_group.values():
+            by_prompt[items[k].prompt].append(k)
+        for ks in by_prompt.values():
             best, worst = max(ks, key=mean.__getitem__), min(ks, key=mean.__getitem__)
             if mean[best] - mean[worst] >= margin:
                 pairs.append((best, worst))

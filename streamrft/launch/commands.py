@@ -67,6 +67,8 @@ def cmd_serve(args) -> int:
     _logging()
     from streamrft.producers.gateway import serve
 
+    if getattr(args, "mode", None):
+        args.overrides = [*args.overrides, f"gateway.mode={args.mode}"]
     return serve(role_config(args))
 
 
@@ -163,6 +165,9 @@ def add_role_parsers(sub) -> None:
     p.set_defaults(fn=cmd_evaluate)
     p = sub.add_parser("serve", help="run the rollout gateway: an OpenAI-compatible endpoint for other teams' agents")
     config_args(p)
+    p.add_argument("--mode", choices=["train", "serve"], default=None,
+                   help="serve: to users, recording no episode; each call's completions wait for their ratings "
+                        "(gateway.mode)")
     p.set_defaults(fn=cmd_serve)
     p = sub.add_parser("replay", help="train on a range of another run's retained experiences (or rollouts) topic")
     config_args(p)

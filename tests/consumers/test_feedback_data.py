@@ -42,7 +42,7 @@ RATINGS = [
 ]
 
 
-def test_dpo_rows_are_the_preferences_and_each_groups_best_against_its_worst():
+def test_dpo_rows_are_the_preferences_and_each_prompts_best_against_its_worst():
     out = feedback_rows(GROUPS, RATINGS, "dpo", labels={"good": 1.0, "bad": 0.0})
     # a: means a-0 0.9, a-2 0.1 (0.2 and 0.0); b: b-0 1.0, b-1 0.0
     assert out.rows == [{"prompt": "rev abc=", "chosen": "cba", "rejected": "abc"},

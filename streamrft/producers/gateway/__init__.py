@@ -137,6 +137,8 @@ def build_gateway(cfg: RunConfig, environ: dict | None = None):
             flush_or_raise(producer)
 
     gw.send_feedback = send_feedback
+    if gcfg.mode == "serve":  # users' completions, published to wait for their ratings
+        gw.publish_served = publish
     follower = None
     if cfg.stream_ops.feedback() is not None:  # the labelling page's queue: the parked groups' answers
         from streamrft.producers.gateway.labels import LabelQueue, ParkedFollower

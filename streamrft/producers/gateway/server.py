@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import time
@@ -45,6 +46,7 @@ from streamrft.producers.gateway.groups import GatewayError, GroupStore, Remembe
 from streamrft.producers.gateway.prompts import LastCall, PromptBuilder, PromptError, apply_stop, normalise, shows_images
 from streamrft.producers.gateway.teams import TeamKeys
 from streamrft.producers.gateway.worker import EngineWorker
+from streamrft.schemas import RolloutGroup, Task, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class Gateway:
         self.eval_episodes = Remembered(limit=10_000)  # (team, episode id) -> LastCall: eval episodes' last calls
         self.send_feedback: Any = None  # send_feedback(team, [Feedback]): publish, acknowledged (`POST /v1/feedback`)
         self.labels: Any = None  # `labels.LabelQueue` of the labelling page (a run with a feedback term), else None
+        self.publish_served: Any = None  # gateway.mode serve: publish(RolloutGroup) of a call's completions
         self.created = int(time.time())
 
     # ---- request parsing --------------------------------------------------------------------------
@@ -197,6 +200,9 @@ class Gateway:
         params, stop, want_lp, top = self._params(body, chat)
         if episode_id is not None and params.n != 1:
             raise GatewayError(400, "n must be 1 within an episode: run n episodes of one group instead", param="n")
+        if self.publish_served is not None and (episode_id is not None or evaluation):
+            raise GatewayError(400, "this gateway serves users (gateway.mode: serve): it records no training "
+                                    "episodes", param="episode_id")
         ep, last = None, None
         if evaluation:
             last = self.eval_episodes.get((team, episode_id))
@@ -249,8 +255,15 @@ class Gateway:
         counters["requests"] += 1
         counters["prompt_tokens"] += len(prompt_ids)
         counters["completion_tokens"] += sum(len(c[0]) for c in cut)
-        return self._response(chat, gen.version, prompt_ids, gen.completions, cut, want_lp, top,
-                              bool(body.get("return_token_ids")))
+        out = self._response(chat, gen.version, prompt_ids, gen.completions, cut, want_lp, top,
+                             bool(body.get("return_token_ids")))
+        if self.publish_served is not None:  # logged for its users' ratings, acknowledged before the answer
+            group = served_group(out, team, prompt_ids, self.tokenizer.decode(prompt_ids, skip_special_tokens=True),
+                                 gen.version, cut)
+            if group is not None:
+                await asyncio.to_thread(self.publish_served, group)
+                counters["served_groups"] += 1
+        return out
 
     def _chat_prompt(self, raw: Any, last: LastCall | None) -> tuple[list[dict], list[int], list]:
         """(normalised messages, prompt ids, their `ImageRef`s)."""
@@ -317,6 +330,28 @@ class Gateway:
     def _offsets(self, ids: list[int]) -> list[int]:
         """Where each token starts in the text (a token inside a character starts where it does)."""
         return [len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+def served_group(out: dict, team: str, prompt_ids: list[int], prompt_text: str, version: int,
+                 cut: list[tuple]) -> RolloutGroup | None:
+    """A served call's completions as one group (`gateway.mode: serve`): each choice gets a
+    `completion_id` (the response's id, `-` and its index) in the answer and in its trajectory's
+    `info.completion_ids`, which a user's rating names. Its task is the prompt (its id the prompt
+    tokens' hash, so every call of one prompt shares it). Empty completions are left out; None if
+    every one is."""
+    task = Task(task_id="served-" + hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:24],
+                prompt=prompt_text)
+    trajectories = []
+    for choice, (ids, lps, text, _, _) in zip(out["choices"], cut):
+        choice["completion_id"] = f"{out['id']}-{choice['index']}"
+        if ids:
+            trajectories.append(Trajectory(
+                traj_id=choice["completion_id"], group_id=out["id"], task_id=task.task_id, team=team,
+                model_version=version, prompt_ids=prompt_ids, response_ids=ids, logprobs=lps, response_text=text,
+                finish_reason=choice["finish_reason"], info={"completion_ids": [choice["completion_id"]]}))
+    if not trajectories:
+        return None
+    return RolloutGroup(group_id=out["id"], team=team, task=task, trajectories=trajectories)
 
 
 @functools.cache

@@ -95,3 +95,19 @@ def test_keys_decide_the_team_and_are_kept_as_digests():
         TeamKeys([GatewayTeam(name="a", key_env="KEY_A")], environ={})
     with pytest.raises(ValueError, match="same key"):
         TeamKeys([GatewayTeam(name="a", key_env="K"), GatewayTeam(name="b", key_sha256=digest("k"))], environ={"K": "k"})
+
+
+def test_a_served_users_short_rating_is_the_feedback_it_stands_for():
+    from streamrft.producers.gateway.feedback import parse_feedback
+    from streamrft.producers.gateway.groups import GatewayError
+
+    (f,) = parse_feedback({"completion_id": "cmpl-1-0", "rating": 1})
+    assert (f.target, f.target_id, f.reward, f.source, f.rater) == ("completion", "cmpl-1-0", 1.0, "user", "user")
+    (g,) = parse_feedback({"feedback": [{"completion_id": "c", "rating": 0.5, "rater": "u7", "comment": "ok"}]})
+    assert (g.rater, g.comment) == ("u7", "ok")
+    for body, param in (({"completion_id": "c", "rating": True}, "rating"),
+                        ({"completion_id": "c", "rating": 1, "label": "x"}, "label"),
+                        ({"feedback": [{"completion_id": "c"}]}, "feedback[0].rating")):
+        with pytest.raises(GatewayError) as e:
+            parse_feedback(body)
+        assert e.value.status == 400 and e.value.param == param
