@@ -224,3 +224,16 @@ def test_off_policy_series_takes_the_trainer_metrics_that_carry_it():
     lines = s.summary()["lines"]
     assert lines["offpolicy/iw_mean"]["points"] == [[2.0, 1.25]] and lines["offpolicy/clip_frac_neg"]["points"] == [[2.0, 0.5]]
     assert lines["offpolicy/turns_3p"]["points"] == [[2.0, 0.25]] and "offpolicy/iw_max" not in lines
+
+
+def test_the_feedback_joins_figures_make_the_feedback_chart_and_other_runs_have_none():
+    s = RunState("ns")
+    s.on_metric(Metric(role="feedback_join", role_id="join-0", step=1, created_at=10.0,
+                       values={"parked": 12.0, "parked_age_max_s": 40.5, "joined": 3.0, "timed_out": 1.0,
+                               "ratings_ratings": 9.0}))
+    lines = {ln.label: ln for ln in s.lines.values() if ln.chart == "feedback"}
+    assert sorted(lines) == ["groups parked", "joined", "oldest parked, s", "timed out"]
+    assert list(lines["groups parked"].ys) == [12.0] and list(lines["oldest parked, s"].xs) == [10.0]
+    other = RunState("ns")
+    other.on_metric(Metric(role="stream_ops", role_id="w", step=1, created_at=1.0, values={"scored": 1.0}))
+    assert not [ln for ln in other.lines.values() if ln.chart == "feedback"]

@@ -207,7 +207,10 @@ def eval_source(role_id: str) -> str:
 
 # the charts, each line's x: time (epoch seconds; the page subtracts t0), version or step
 CHARTS = {"reward_time": "time", "reward_version": "version", "trainer": "step", "offpolicy": "step",
-          "streamops": "time", "versions": "time"}
+          "streamops": "time", "versions": "time", "feedback": "time"}
+FEEDBACK_LINES = {"parked": "groups parked", "parked_age_max_s": "oldest parked, s", "joined": "joined",
+                  "timed_out": "timed out"}
+"""The feedback join's figures charted (a run with a `feedback` term; the chart shows only then)."""
 FINAL_KEYS = ("eval_reward_start", "eval_reward_end", "versions", "trajectories", "trained", "stale",
               "stale_pct", "wall_s")
 
@@ -294,6 +297,10 @@ class RunState:
         elif m.role == "gateway":
             if ":" in m.role_id:  # a team's counters; the gateway's own figures have no team
                 self.gateway[m.role_id] = v
+        elif m.role == "feedback_join":
+            for k, label in FEEDBACK_LINES.items():
+                if k in v:
+                    self.line("feedback", label).append(t, v[k])
         elif m.role == "stream_ops":
             label = role_label(m.role_id, self.labels, "stream ops")
             self.stream_ops[label] = v

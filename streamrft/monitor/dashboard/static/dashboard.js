@@ -25,6 +25,7 @@ const LINE_CHARTS = {
   offpolicy: { canvas: "c-offpolicy", xTitle: "trainer step", yTitle: "weight, share of tokens, or versions" },
   streamops: { canvas: "c-streamops", xTitle: TIME, yTitle: "seconds (p50 in the last interval)", zero: true },
   versions: { canvas: "c-versions", xTitle: TIME, yTitle: "version", integer: true, stepped: true, raw: true },
+  feedback: { canvas: "c-feedback", xTitle: TIME, yTitle: "groups, or seconds", zero: true, raw: true, optional: true },
 };
 
 const num = (v, d = 3) => (v === null || v === undefined ? "-" : (+v).toFixed(d));
@@ -91,9 +92,14 @@ function timeRange() {
 }
 
 function drawLines(name) {
+  const def = LINE_CHARTS[name];
+  if (def.optional) {  // a chart only some runs have (the feedback join's): shown once it has a line
+    const fig = document.querySelector(`figure[data-chart="${name}"]`);
+    if (fig) fig.hidden = chartKeys(name).length === 0;
+  }
   const c = lineChart(name);
   if (!c) return;
-  const def = LINE_CHARTS[name], z = zoom[name];
+  const z = zoom[name];
   const datasets = [];
   chartKeys(name).forEach((key, i) => {
     const l = store.lines[key];
