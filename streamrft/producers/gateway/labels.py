@@ -9,6 +9,7 @@ settled) into a `LabelQueue`, which the page asks for work:
   `lease_s`, so two raters are never shown the same answer at once unless `overlap` > 1 (to
   measure agreement). The same rater asking again gets the answer it holds. A team's raters see
   the groups the feedback term lets it rate (its own team's, or all with `teams`).
+- `next_pair(rater, team, now)`: two answers of one group, for an A/B preference, leased alike.
 - `rated(rater, traj_id)`: the page's rating went out (`POST /v1/feedback`); the answer is done
   once `overlap` raters have rated it, and leaves the queue when its group is settled.
 - `counts()`: answers waiting (not done), held by a rater now, and rated through the page.
@@ -79,6 +80,24 @@ class LabelQueue:
                 if self.may_rate(team, a.team) and self._open(a, rater, now):
                     a.leases[rater] = now + self.lease_s
                     return a
+        return None
+
+    def next_pair(self, rater: str, team: str, now: float) -> tuple[Answer, Answer] | None:
+        """Two answers of one group for `rater` to compare (A/B), both leased to them, or None."""
+        with self.lock:
+            held = [a for a in self.answers.values() if a.leases.get(rater, 0.0) > now and rater not in a.raters]
+            for a in held:  # a pair it holds already
+                twin = next((b for b in held if b is not a and b.group_id == a.group_id), None)
+                if twin is not None:
+                    return a, twin
+            by_group: dict[str, list[Answer]] = {}
+            for a in self.answers.values():
+                if self.may_rate(team, a.team) and self._open(a, rater, now):
+                    by_group.setdefault(a.group_id, []).append(a)
+                    if len(by_group[a.group_id]) == 2:
+                        for b in by_group[a.group_id]:
+                            b.leases[rater] = now + self.lease_s
+                        return by_group[a.group_id][0], by_group[a.group_id][1]
         return None
 
     def rated(self, rater: str, traj_id: str) -> None:

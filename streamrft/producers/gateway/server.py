@@ -453,8 +453,8 @@ def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAP
         gw.store.counters[team]["feedback"] += len(items)
         if gw.labels is not None:  # an answer rated from the page leaves that rater's queue
             for f in items:
-                if f.target_id is not None:
-                    gw.labels.rated(f"{team}/{f.rater}", f.target_id)
+                for rated in f.rated():
+                    gw.labels.rated(f"{team}/{f.rater}", rated)
         return {"accepted": len(items), "feedback_ids": [f.feedback_id for f in items]}
 
     @app.get("/label")
@@ -467,15 +467,20 @@ def create_app(gw: Gateway, on_start: Any = None, on_stop: Any = None) -> FastAP
         return gw.labels
 
     @app.get("/v1/label/next")
-    async def label_next(request: Request, rater: str = "rater") -> dict:
+    async def label_next(request: Request, rater: str = "rater", pair: bool = False) -> dict:
         team = gw.team(request)
         if not 0 < len(rater) <= 128:
             raise GatewayError(400, "`rater` must be 1-128 characters", param="rater")
         queue, now = labels(), time.time()
+
+        def shown(a) -> dict:
+            return {"traj_id": a.traj_id, "group_id": a.group_id, "prompt": a.prompt, "text": a.text}
+
+        if pair:  # two answers of one group, for an A/B preference
+            got = queue.next_pair(f"{team}/{rater}", team, now)
+            return {"pair": None if got is None else [shown(a) for a in got], "counts": queue.counts(now)}
         answer = queue.next(f"{team}/{rater}", team, now)
-        return {"answer": None if answer is None else {"traj_id": answer.traj_id, "group_id": answer.group_id,
-                                                       "prompt": answer.prompt, "text": answer.text},
-                "counts": queue.counts(now)}
+        return {"answer": None if answer is None else shown(answer), "counts": queue.counts(now)}
 
     @app.get("/v1/label/counts")
     async def label_counts(request: Request) -> dict:

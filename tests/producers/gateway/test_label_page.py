@@ -7,6 +7,7 @@ rewards on the experiences topic (what the trainer trains on). A wrong key is re
 its `completion_id`, and the ratings become the group's rewards; a training episode is refused."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -54,11 +55,11 @@ def _wait(driver, predicate, what: str, timeout: float = 60.0):
 
 
 @contextmanager
-def feedback_gateway(stack, tmp_path: Path, extra: list[str] = ()) -> Iterator:
+def feedback_gateway(stack, tmp_path: Path, extra: list[str] = (), params: str = "") -> Iterator:
     """A gateway (in this process) of a run with a feedback term, its stream-ops worker and join."""
     ns = f"label-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     cfg = gateway_config(stack, tmp_path, ns, [
-        "stream_ops.rewards=[{name: feedback, params: {teams: [agents, lab], wait_s: 300}}]",
+        f"stream_ops.rewards=[{{name: feedback, params: {{teams: [agents, lab], wait_s: 300{params}}}}}]",
         "eval.rewards=[{name: reverse}]", *extra])
     config = tmp_path / "run.yaml"
     config.write_text(dump_config(cfg))
@@ -86,21 +87,51 @@ def _experiences(cfg, join_log: Path, timeout: float = 90.0) -> list[ExperienceG
         assert time.monotonic() < deadline, join_log.read_text()[-3000:]
 
 
+def _park(cfg, gid: str, texts: list[str]) -> RolloutGroup:
+    task = Task(task_id=f"t-{gid}", prompt="rev abc=", answer="cba")
+    group = RolloutGroup(group_id=gid, team="agents", task=task, trajectories=[
+        Trajectory(traj_id=f"{gid}-{i}", group_id=gid, task_id=task.task_id, team="agents", model_version=0,
+                   prompt_ids=[1], response_ids=[2], logprobs=[-0.3], response_text=text)
+        for i, text in enumerate(texts)])
+    producer = make_producer(cfg.kafka)
+    producer.produce(topic_name(cfg.namespace, "rollouts", "agents"), encode(group), gid.encode())
+    flush_or_raise(producer)
+    return group
+
+
+def test_an_ab_choice_on_the_page_is_a_preference_and_bradley_terry_makes_the_rewards(stack, tmp_path, chrome):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    with feedback_gateway(stack, tmp_path, params=", aggregate: bradley_terry") as served:
+        _park(served.cfg, "ab", ["cba", "abc"])
+        chrome.get(served.url + "/label")
+        chrome.find_element(By.ID, "key").send_keys(KEYS["agents"])
+        chrome.find_element(By.ID, "rater").send_keys("ann")
+        chrome.find_element(By.ID, "ab").click()
+        chrome.find_element(By.ID, "start").click()
+        _wait(chrome, lambda d: d.find_element(By.ID, "answer-b").is_displayed() and d.find_element(By.ID, "answer-b").text,
+              "the pair", 90)
+        texts = [chrome.find_element(By.ID, f"answer-{x}").text for x in "ab"]
+        assert sorted(texts) == ["abc", "cba"]
+        ActionChains(chrome).send_keys("a").perform()  # A is better
+        _wait(chrome, lambda d: "Preferred A" in d.find_element(By.ID, "rated").text, "the preference sent")
+        (exp,) = _experiences(served.cfg, tmp_path / "join.log")
+        rewards = dict(zip([t.response_text for t in exp.trajectories], exp.rewards))
+        # one win of A over B and the virtual tie (half a win each way): strengths 1.5 : 0.5, centred
+        # log-strengths +-ln(3)/2
+        assert rewards[texts[0]] == pytest.approx(math.log(3) / 2, abs=1e-6)
+        assert rewards[texts[1]] == pytest.approx(-math.log(3) / 2, abs=1e-6)
+
+
 def test_two_raters_rate_different_answers_on_the_page_and_the_join_makes_them_the_rewards(stack, tmp_path,
                                                                                            chrome):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     with feedback_gateway(stack, tmp_path) as served:
-        cfg, ns = served.cfg, served.cfg.namespace
-        task = Task(task_id="t-lbl", prompt="rev abc=", answer="cba")
-        group = RolloutGroup(group_id="lbl", team="agents", task=task, trajectories=[
-            Trajectory(traj_id=f"lbl-{i}", group_id="lbl", task_id=task.task_id, team="agents", model_version=0,
-                       prompt_ids=[1], response_ids=[2], logprobs=[-0.3], response_text=text)
-            for i, text in enumerate(["cba", "abc"])])
-        producer = make_producer(cfg.kafka)
-        producer.produce(topic_name(ns, "rollouts", "agents"), encode(group), b"lbl")
-        flush_or_raise(producer)
+        cfg = served.cfg
+        _park(cfg, "lbl", ["cba", "abc"])
 
         def shown(d) -> str | None:
             el = d.find_element(By.ID, "answer")

@@ -51,3 +51,17 @@ def test_a_team_sees_only_the_groups_it_may_rate():
     q.park(parked("r", at=1.0, team="red"))
     assert q.next("blue/ann", "blue", 0.0) is None
     assert q.next("red/ann", "red", 0.0).traj_id == "r-0"
+
+
+def test_a_pair_is_two_answers_of_one_group_leased_together():
+    q = LabelQueue(overlap=1, lease_s=60)
+    q.park(parked("solo", at=1.0, n=1))
+    q.park(parked("duo", at=2.0, n=3))
+    a, b = q.next_pair("red/ann", "red", 0.0)
+    assert (a.traj_id, b.traj_id) == ("duo-0", "duo-1")  # the group of one answer cannot make a pair
+    assert q.next_pair("red/ann", "red", 1.0) == (a, b)  # what she holds
+    assert q.next_pair("red/bob", "red", 1.0) is None  # duo-2 alone is left open for him
+    assert q.next("red/bob", "red", 1.0).traj_id == "solo-0"
+    q.rated("red/ann", "duo-0")
+    q.rated("red/ann", "duo-1")
+    assert q.next_pair("red/ann", "red", 2.0) is None
