@@ -234,7 +234,7 @@ def test_a_group_nobody_rates_is_dead_lettered_or_scored_by_its_fallback_term(st
             e = bus.out["experience_group"][0]
             assert e.reward_components == {"feedback": [0.0, 1.0], "exact_match": [0.0, 1.0]} and e.rewards == [0.0, 1.0]
             bus.wait_for(lambda: bus.last_metric("feedback_join").get("out_fallback", 0) == 1, 30, "counted", procs)
-        assert bus.last_metric("feedback_join")["timed_out"] == 1
+        bus.wait_for(lambda: bus.last_metric("feedback_join").get("timed_out") == 1, 30, "the timeout counted", procs)
     finally:
         stop(procs)
         bus.close()

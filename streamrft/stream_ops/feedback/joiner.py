@@ -140,7 +140,9 @@ class FeedbackJoiner:
                     self._forget(group_id)
                     return
                 parked = decode(m.value(), ParkedGroup)
-                self.place[parked.group.group_id] = (m.partition(), parked)
+                gid = parked.group.group_id
+                if gid not in self.join.parked and gid not in self.join.settled:  # else a copy: counted
+                    self.place[gid] = (m.partition(), parked)
                 self.join.park(parked.group, parked.parked_at)
             else:
                 rating = decode(m.value(), Feedback)
