@@ -110,8 +110,9 @@ def test_a_slow_environment_holds_up_no_other_episode_and_the_fast_groups_end_fi
     order = [task_id for task_id, _ in done]
     assert order[-1] == "t1" and set(order) == {"t1", "t5", "t8", "t6"}  # every group once, the slow one last
     # the fast episodes never waited for the slow ones: they were played in the calls of the slow
-    # group's first waits, and the slow group's later turns had calls of their own (4 episodes)
-    assert eng.calls[0] == 16 and eng.calls[-1] == 4
+    # group's first waits, and the slow group's later turns had calls of their own (its 4 episodes,
+    # together or, on a loaded machine where their tools answer apart, in several calls)
+    assert eng.calls[0] == 16 and 1 <= eng.calls[-1] <= 4
     assert s.stats["env_s"] > 0.8 and s.stats["episodes"] == 16
 
 
